@@ -1,0 +1,74 @@
+"""``StragglerInjector``: makes ranks slow on a schedule, and optionally emulates device time.
+
+The delay is a sleep inserted after backward and before any collective, so the profiler counts it as
+compute. A slowdown factor f adds (f - 1) x the rank's measured compute of that batch; with
+``device_ms_per_sample`` every batch also takes f x that many milliseconds per sample, so several
+workers sharing two CPU cores behave like accelerators of known relative speed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+from lightning.pytorch import Callback
+
+from lightning_straggler.policies.injection import StragglerSchedule, added_delay_s
+
+
+def _batch_size(batch) -> int:
+    from lightning_straggler.strategies.horovod_base import batch_size_of
+
+    return batch_size_of(batch)
+
+
+class StragglerInjector(Callback):
+    def __init__(self, schedule: Optional[StragglerSchedule] = None, device_ms_per_sample: float = 0.0) -> None:
+        if device_ms_per_sample < 0:
+            raise ValueError(f"device_ms_per_sample must be >= 0 (got {device_ms_per_sample})")
+        self.schedule = schedule or StragglerSchedule()
+        self.device_ms_per_sample = float(device_ms_per_sample)
+        self.slowdown_s = 0.0  # sleep added by slowdown factors on this rank
+        self.device_s = 0.0  # emulated device time on this rank
+        self._t0 = 0.0
+        self._samples = 0
+        self._step = 0
+
+    @staticmethod
+    def _rank_step(trainer):
+        steps = getattr(trainer.strategy, "steps_done", None)
+        return trainer.global_rank, (trainer.global_step if steps is None else steps)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+        self._samples = _batch_size(batch)
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        rank, step = self._rank_step(trainer)
+        factor = self.schedule.factor(rank, step)
+        measured = time.perf_counter() - self._t0
+        delay = added_delay_s(factor, measured, self.device_ms_per_sample, self._samples)
+        if delay > 0:
+            time.sleep(delay)
+            device = factor * self.device_ms_per_sample * self._samples / 1000.0
+            self.device_s += device
+            self.slowdown_s += delay - device
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        strategy = trainer.strategy
+        mine = torch.tensor([[float(trainer.global_rank), self.slowdown_s, self.device_s]], dtype=torch.float64)
+        comm = getattr(strategy, "comm", None)
+        every = comm.allgather(mine, tag="injector") if comm is not None and comm.initialized else mine
+        if trainer.global_rank != 0:
+            return
+        report = getattr(strategy, "run_report", None)
+        if report is None:
+            return
+        report["emulated"] = {
+            "schedule": self.schedule.describe(),
+            "slowdown": "sleep of (factor - 1) x the rank's measured compute of each batch, after backward",
+            "device_ms_per_sample": self.device_ms_per_sample,
+            "device_time": ("sleep of factor x device_ms_per_sample per sample, after backward"
+                            if self.device_ms_per_sample > 0 else "none: real CPU compute only"),
+            "per_rank_seconds": {str(int(r)): {"slowdown_s": s, "device_s": d} for r, s, d in every.tolist()},
+        }

@@ -1,0 +1,136 @@
+"""Horovod implementation of :class:`Collectives` with a process-set cache.
+
+Facts this relies on (checked on Horovod 0.28.1 with Gloo):
+- Horovod matches collectives across ranks by *name*. Its automatic names come from a per-process
+  counter, so as soon as some ranks run an extra operation inside a process set, the automatic names
+  of later global operations differ between ranks and the job hangs. Every call here is named.
+- ``hvd.add_process_set`` is a collective over all ranks and raises for a rank list that already
+  exists, so sets are created only through :meth:`ensure_groups` and cached by rank tuple.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from lightning_straggler.comm.base import Collectives, Group, normalize_group
+
+_OPS = ("mean", "avg", "sum", "max", "min", "product")
+
+
+def _hvd():
+    import horovod.torch as hvd  # imported lazily: the launcher process never needs it
+
+    return hvd
+
+
+class HorovodCollectives(Collectives):
+    def __init__(self) -> None:
+        self._sets: Dict[Tuple[int, ...], Any] = {}
+        self._seq: Dict[Tuple[str, Tuple[int, ...]], int] = defaultdict(int)
+        self._pending: Dict[Any, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def init(self) -> None:
+        hvd = _hvd()
+        if not hvd.is_initialized():
+            hvd.init(process_sets="dynamic")
+        self._sets = {tuple(range(hvd.size())): hvd.global_process_set}
+
+    @property
+    def initialized(self) -> bool:
+        try:
+            return _hvd().is_initialized()
+        except ImportError:
+            return False
+
+    def shutdown(self) -> None:
+        if self.initialized:
+            _hvd().shutdown()
+        self._sets.clear()
+        self._seq.clear()
+
+    @property
+    def rank(self) -> int:
+        return _hvd().rank()
+
+    @property
+    def local_rank(self) -> int:
+        return _hvd().local_rank()
+
+    @property
+    def size(self) -> int:
+        return _hvd().size()
+
+    # --- groups ------------------------------------------------------------------------------------
+    def ensure_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        hvd = _hvd()
+        wanted = []
+        for g in groups:
+            key = normalize_group(g, self.size)
+            if key not in self._sets and key not in wanted:
+                wanted.append(key)
+        for key in sorted(wanted):  # same order on every rank
+            self._sets[key] = hvd.add_process_set(list(key))
+
+    def process_set(self, group: Group):
+        key = normalize_group(group, self.size)
+        try:
+            return self._sets[key]
+        except KeyError:
+            raise RuntimeError(
+                f"no Horovod process set for ranks {key}: create it with ensure_groups() on every rank first"
+            ) from None
+
+    def _name(self, tag: str, group: Group) -> Tuple[str, Any]:
+        key = normalize_group(group, self.size)
+        seq = self._seq[(tag, key)]
+        self._seq[(tag, key)] = seq + 1
+        members = "all" if len(key) == self.size else "-".join(map(str, key))
+        return f"{tag}.{members}.{seq}", self.process_set(key)
+
+    @staticmethod
+    def _op(op: str):
+        hvd = _hvd()
+        op = op.lower()
+        if op not in _OPS:
+            raise ValueError(f"reduce op {op!r} is not supported; use one of {', '.join(_OPS)}")
+        return {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max,
+                "min": hvd.Min, "product": hvd.Product}[op]
+
+    # --- collectives ----------------------------------------------------------------------------
+    def allreduce(self, tensor, op="mean", group=None, tag="allreduce"):
+        name, ps = self._name(tag, group)
+        return _hvd().allreduce(tensor, op=self._op(op), name=name, process_set=ps)
+
+    def allreduce_grouped_(self, tensors, op="mean", group=None, tag="grads"):
+        if not tensors:
+            return
+        name, ps = self._name(tag, group)
+        _hvd().grouped_allreduce_(list(tensors), op=self._op(op), name=name, process_set=ps)
+
+    def allgather(self, tensor, group=None, tag="allgather"):
+        name, ps = self._name(tag, group)
+        return _hvd().allgather(tensor, name=name, process_set=ps)
+
+    def broadcast_(self, tensor, root, group=None, tag="broadcast"):
+        name, ps = self._name(tag, group)
+        return _hvd().broadcast_(tensor, root_rank=root, name=name, process_set=ps)
+
+    def broadcast_object(self, obj, root=0, group=None, tag="object"):
+        name, ps = self._name(tag, group)
+        return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
+
+    def broadcast_async(self, tensor, root, group=None, tag="signal"):
+        name, ps = self._name(tag, group)
+        return _hvd().broadcast_async_(tensor, root_rank=root, name=name, process_set=ps)
+
+    def poll(self, handle) -> bool:
+        return _hvd().poll(handle)
+
+    def wait(self, handle):
+        return _hvd().synchronize(handle)
+
+    def barrier(self, group=None) -> None:
+        _hvd().barrier(process_set=self.process_set(group))

@@ -1,0 +1,231 @@
+"""Dataclass schemas behind ``conf/`` and the checks that run before any worker starts.
+
+``load_config`` merges a Hydra/OmegaConf config into the schemas (unknown keys and wrong types are
+rejected by OmegaConf) and then checks ranges; every error names the setting and what is allowed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Type
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or out of range. The message names it and the allowed values."""
+
+
+def _check(ok: bool, setting: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{setting} must be {allowed} (got {value!r})")
+
+
+# --- algorithms ---------------------------------------------------------------------------------
+@dataclass
+class RingConfig:
+    name: str = "ring"
+
+    def validate(self, world_size: int) -> None:
+        pass
+
+
+# name -> schema; later algorithms add their entry here and a strategy in strategies/.
+ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig}
+
+
+# --- straggler scenarios ----------------------------------------------------------------------
+SCENARIOS = ("none", "static", "transient", "random")
+
+
+@dataclass
+class SlowdownEventConfig:
+    rank: int = 0
+    factor: float = 2.0
+    start_step: int = 0
+    end_step: Optional[int] = None
+
+
+@dataclass
+class StragglerConfig:
+    scenario: str = "none"
+    factors: List[float] = field(default_factory=list)  # static
+    events: List[SlowdownEventConfig] = field(default_factory=list)  # transient
+    seed: int = 0  # random
+    probability: float = 0.1
+    factor_min: float = 2.0
+    factor_max: float = 4.0
+    duration_min: int = 10
+    duration_max: int = 40
+    window_steps: int = 20
+    device_ms_per_sample: float = 0.0  # emulated accelerator time per sample (scaled by the factor)
+
+    def validate(self, world_size: int) -> None:
+        _check(self.scenario in SCENARIOS, "straggler.scenario", f"one of {', '.join(SCENARIOS)}", self.scenario)
+        _check(self.device_ms_per_sample >= 0, "straggler.device_ms_per_sample", ">= 0", self.device_ms_per_sample)
+        if self.scenario == "static":
+            _check(len(self.factors) > 0, "straggler.factors", "a non-empty list of per-rank factors for scenario=static", self.factors)
+            _check(len(self.factors) <= world_size, "straggler.factors",
+                   f"at most one factor per worker ({world_size} workers)", self.factors)
+            for i, f in enumerate(self.factors):
+                _check(f >= 1.0, f"straggler.factors[{i}]", ">= 1.0 (a slowdown factor)", f)
+        if self.scenario == "transient":
+            _check(len(self.events) > 0, "straggler.events", "a non-empty list of {rank, factor, start_step, end_step} for scenario=transient", self.events)
+            for i, e in enumerate(self.events):
+                _check(0 <= e.rank < world_size, f"straggler.events[{i}].rank", f"a worker rank in 0..{world_size - 1}", e.rank)
+                _check(e.factor >= 1.0, f"straggler.events[{i}].factor", ">= 1.0", e.factor)
+                _check(e.start_step >= 0, f"straggler.events[{i}].start_step", ">= 0", e.start_step)
+                _check(e.end_step is None or e.end_step > e.start_step, f"straggler.events[{i}].end_step",
+                       f"> start_step ({e.start_step}) or null", e.end_step)
+            _check(len({e.rank for e in self.events}) <= world_size, "straggler.events",
+                   f"events for at most {world_size} distinct ranks", len({e.rank for e in self.events}))
+        if self.scenario == "random":
+            _check(0.0 <= self.probability <= 1.0, "straggler.probability", "in [0, 1]", self.probability)
+            _check(self.factor_min >= 1.0, "straggler.factor_min", ">= 1.0", self.factor_min)
+            _check(self.factor_max >= self.factor_min, "straggler.factor_max", f">= factor_min ({self.factor_min})", self.factor_max)
+            _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
+            _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
+            _check(self.window_steps >= 1, "straggler.window_steps", ">= 1 step", self.window_steps)
+
+    def schedule(self):
+        from lightning_straggler.policies import injection as inj
+
+        if self.scenario == "static":
+            return inj.StaticSchedule(self.factors)
+        if self.scenario == "transient":
+            return inj.TransientSchedule([inj.SlowdownEvent(e.rank, e.factor, e.start_step, e.end_step) for e in self.events])
+        if self.scenario == "random":
+            return inj.RandomSchedule(self.seed, self.probability, self.factor_min, self.factor_max,
+                                      self.duration_min, self.duration_max, self.window_steps)
+        return inj.StragglerSchedule()
+
+
+# --- model, data, trainer, profiler -----------------------------------------------------------
+@dataclass
+class ModelConfig:
+    name: str = "mlp"
+    hidden: List[int] = field(default_factory=lambda: [256, 256])
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        _check(self.name in ("mlp", "cnn"), "model.name", "one of mlp, cnn", self.name)
+        _check(self.optimizer in ("sgd", "adam"), "model.optimizer", "one of sgd, adam", self.optimizer)
+        _check(self.lr > 0, "model.lr", "> 0", self.lr)
+        _check(0.0 <= self.momentum < 1.0, "model.momentum", "in [0, 1)", self.momentum)
+        _check(self.weight_decay >= 0, "model.weight_decay", ">= 0", self.weight_decay)
+        _check(all(h >= 1 for h in self.hidden), "model.hidden", "a list of positive layer widths", self.hidden)
+
+
+@dataclass
+class DataConfig:
+    name: str = "mnist1d"
+    num_samples: int = 10000  # generated samples, 80% train / 20% validation
+    batch_size: int = 32  # per worker
+    seed: int = 42
+    features: int = 40  # synthetic only
+    classes: int = 10  # synthetic only
+    cache_dir: Optional[str] = None  # default ~/.cache/lightning-straggler/data
+
+    def validate(self) -> None:
+        _check(self.name in ("mnist1d", "synthetic"), "data.name", "one of mnist1d, synthetic", self.name)
+        _check(self.num_samples >= 10, "data.num_samples", ">= 10", self.num_samples)
+        _check(self.batch_size >= 1, "data.batch_size", ">= 1", self.batch_size)
+        _check(self.features >= 1, "data.features", ">= 1", self.features)
+        _check(self.classes >= 2, "data.classes", ">= 2", self.classes)
+
+
+def max_local_workers() -> int:
+    """How many worker processes a local launch may start: 8 per core unless LS_MAX_LOCAL_WORKERS says."""
+    return int(os.environ.get("LS_MAX_LOCAL_WORKERS", 8 * (os.cpu_count() or 1)))
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "cpu"
+    devices: int = 4
+    max_epochs: int = 4
+    max_steps: int = -1
+    val_check_interval: float = 1.0
+    log_every_n_steps: int = 10
+    enable_progress_bar: bool = True
+    gradient_clip_val: Optional[float] = None
+
+    def validate(self) -> None:
+        _check(self.accelerator in ("cpu", "gpu", "cuda"), "trainer.accelerator", "one of cpu, gpu, cuda", self.accelerator)
+        limit = max_local_workers()
+        _check(1 <= self.devices <= limit, "trainer.devices",
+               f"in 1..{limit} (local worker processes; set LS_MAX_LOCAL_WORKERS to change the limit)", self.devices)
+        if self.accelerator in ("gpu", "cuda"):
+            import torch
+
+            have = torch.cuda.device_count()
+            _check(self.devices <= have, "trainer.devices", f"<= {have} (CUDA devices visible)", self.devices)
+        _check(self.max_epochs >= 1, "trainer.max_epochs", ">= 1", self.max_epochs)
+        _check(self.max_steps == -1 or self.max_steps >= 1, "trainer.max_steps", "-1 (no limit) or >= 1", self.max_steps)
+        _check(0 < self.val_check_interval <= 1.0 or float(self.val_check_interval).is_integer(),
+               "trainer.val_check_interval", "a fraction in (0, 1] or a whole number of steps", self.val_check_interval)
+        _check(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", ">= 1", self.log_every_n_steps)
+
+
+@dataclass
+class ProfilerConfig:
+    gather_every_n_steps: int = 25
+    plot: bool = True
+
+    def validate(self) -> None:
+        _check(self.gather_every_n_steps >= 1, "profiler.gather_every_n_steps", ">= 1", self.gather_every_n_steps)
+
+
+@dataclass
+class TrainConfig:
+    algorithm: Any = field(default_factory=lambda: {"name": "ring"})
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    seed: int = 0
+    target_acc: float = 0.6
+    output_dir: Optional[str] = None  # default: Hydra's run directory, else the working directory
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.data.validate()
+        self.trainer.validate()
+        self.profiler.validate()
+        self.straggler.validate(self.trainer.devices)
+        self.algorithm.validate(self.trainer.devices)
+        _check(0.0 <= self.target_acc <= 1.0, "target_acc", "in [0, 1]", self.target_acc)
+
+
+def _merge(schema: Type, cfg: Any, prefix: str):
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg if cfg is not None else {})
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        where = f"{prefix}.{key}" if key and not key.startswith(prefix) else (key or prefix)
+        allowed = ", ".join(f.name for f in fields(schema))
+        raise ConfigError(f"{where}: {e.msg if hasattr(e, 'msg') else e} (settings of {prefix}: {allowed})") from None
+
+
+def load_config(cfg: Any) -> TrainConfig:
+    """Validated :class:`TrainConfig` from a Hydra ``DictConfig``, a dict or a ``TrainConfig``."""
+    if isinstance(cfg, TrainConfig):
+        cfg = OmegaConf.structured(cfg)
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg.pop("hydra", None)
+    algorithm = cfg.pop("algorithm", None) or {"name": "ring"}
+    name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
+    if name not in ALGORITHM_SCHEMAS:
+        raise ConfigError(f"algorithm.name must be one of {', '.join(sorted(ALGORITHM_SCHEMAS))} (got {name!r})")
+    base = _merge(TrainConfig, cfg, "config")
+    base.algorithm = _merge(ALGORITHM_SCHEMAS[name], algorithm if isinstance(algorithm, dict) else {"name": name}, "algorithm")
+    base.validate()
+    return base

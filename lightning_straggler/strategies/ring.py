@@ -1,0 +1,19 @@
+"""``ring``: synchronous gradient all-reduce over every worker, each step (the baseline).
+
+One fused Horovod all-reduce (average) of all gradients per optimizer step, so the update equals
+single-process training on the concatenation of the workers' batches.
+"""
+from __future__ import annotations
+
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_straggler.strategies.horovod_base import HorovodStrategy
+
+
+class RingStrategy(HorovodStrategy):
+    strategy_name = "ring"
+
+    @override
+    def synchronize_gradients(self, optimizer: Optimizer) -> None:
+        self.comm.allreduce_grouped_(self.gradients_of(optimizer), op="mean", tag="grads")
