@@ -229,3 +229,24 @@ def load_config(cfg: Any) -> TrainConfig:
     base.algorithm = _merge(ALGORITHM_SCHEMAS[name], algorithm if isinstance(algorithm, dict) else {"name": name}, "algorithm")
     base.validate()
     return base
+
+
+# --- Hydra structured configs -----------------------------------------------------------------
+# Each option file in conf/<group>/ starts from its group's schema (``defaults: [_schema, _self_]``),
+# so every option has every key of the schema and Hydra rejects unknown keys and wrong types early.
+GROUP_SCHEMAS: Dict[str, Type] = {
+    "straggler": StragglerConfig, "model": ModelConfig, "data": DataConfig, "trainer": TrainerConfig,
+}
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name="_schema", node=schema)
+    for name, schema in ALGORITHM_SCHEMAS.items():
+        cs.store(group="algorithm", name=f"_{name}_schema", node=schema)
+
+
+register_configs()  # at import, as Hydra structured configs expect

@@ -13,6 +13,9 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, Optional
 
+# Importing the config module registers the group schemas with Hydra's ConfigStore.
+from lightning_straggler.config import ConfigError, load_config
+
 log = logging.getLogger("lightning_straggler")
 
 
@@ -37,8 +40,6 @@ def build_strategy(cfg):
 
 def train(cfg: Any) -> Dict[str, Any]:
     """Run one training job; returns the summary (also written to ``<output_dir>/summary.json``)."""
-    from lightning_straggler.config import load_config
-
     cfg = load_config(cfg)  # raises ConfigError before any worker starts
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import CSVLogger
@@ -95,8 +96,6 @@ def train(cfg: Any) -> Dict[str, Any]:
 
 def _hydra_main() -> None:
     import hydra
-
-    from lightning_straggler.config import ConfigError
 
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 

@@ -31,7 +31,8 @@ class Collectives(ABC):
     """
 
     @abstractmethod
-    def init(self) -> None: ...
+    def init(self, dynamic_groups: bool = True) -> None:
+        """Join the job; ``dynamic_groups=False`` when only whole-world collectives will be used."""
 
     @property
     @abstractmethod

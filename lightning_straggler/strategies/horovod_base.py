@@ -66,6 +66,8 @@ class HorovodStrategy(ParallelStrategy):
     """Data-parallel training over Horovod process sets (Gloo on CPU, NCCL on GPU where built)."""
 
     strategy_name = "horovod"
+    # Whether the algorithm creates process sets for subgroups while running.
+    uses_subgroups = True
 
     def __init__(
         self,
@@ -145,7 +147,7 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
-        self.comm.init()
+        self.comm.init(dynamic_groups=self.uses_subgroups)
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
         if attached_to_horovod() and "OMP_NUM_THREADS" not in os.environ:
             # every process would otherwise take all cores (4.6x slower on 2 cores, DESIGN.md)

@@ -13,6 +13,7 @@ from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
 class RingStrategy(HorovodStrategy):
     strategy_name = "ring"
+    uses_subgroups = False
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:

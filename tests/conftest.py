@@ -1,0 +1,36 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONF_DIR = os.path.join(ROOT, "conf")
+
+
+@pytest.fixture
+def compose():
+    """Compose the Hydra config like the CLI does, with overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import lightning_straggler.config  # noqa: F401  registers the group schemas
+
+    def _compose(*overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return hydra_compose(config_name="train", overrides=list(overrides))
+
+    return _compose
+
+
+@pytest.fixture
+def cli():
+    """Run ``python -m lightning_straggler.train`` in a subprocess; returns CompletedProcess."""
+    import subprocess
+
+    def _run(*args, cwd=None, timeout=600):
+        return subprocess.run([sys.executable, "-m", "lightning_straggler.train", *args], cwd=cwd or ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return _run

@@ -1,0 +1,41 @@
+"""Callbacks and helpers used by the multi-process tests (importable by spawned workers)."""
+from __future__ import annotations
+
+import os
+
+import psutil
+import torch
+from lightning.pytorch import Callback
+
+
+def flat_params(module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+class RankSpread(Callback):
+    """Max |param - rank 0's param| over all ranks, reported in callback_metrics at the end of training."""
+
+    def on_train_end(self, trainer, pl_module):
+        gathered = trainer.strategy.all_gather(flat_params(pl_module))
+        spread = (gathered - gathered[0]).abs().max()
+        trainer.callback_metrics["rank_param_spread"] = spread.detach().clone()
+        trainer.callback_metrics["gathered_ranks"] = torch.tensor(float(gathered.shape[0]))
+
+
+def _listeners(pid: int):
+    proc = psutil.Process(pid)
+    return [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+class ListeningSockets(Callback):
+    """During training, count listening sockets of this worker and of the launching process."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx != 1:
+            return
+        addrs = _listeners(os.getpid()) + _listeners(os.getppid())
+        bad = [a for a in addrs if not (a.ip.startswith("127.") or a.ip == "::1")]
+        total = trainer.strategy.reduce(torch.tensor(float(len(addrs))), reduce_op="sum")
+        nonloop = trainer.strategy.reduce(torch.tensor(float(len(bad))), reduce_op="sum")
+        trainer.callback_metrics["listeners_total"] = total
+        trainer.callback_metrics["listeners_not_loopback"] = nonloop

@@ -1,0 +1,65 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_straggler.policies.injection import (
+    RandomSchedule, SlowdownEvent, StaticSchedule, StragglerSchedule, TransientSchedule, added_delay_s)
+
+
+def test_none_is_always_full_speed():
+    s = StragglerSchedule()
+    assert all(s.factor(r, t) == 1.0 for r in range(8) for t in range(100))
+
+
+def test_static_factors_per_rank_and_default_for_unlisted_ranks():
+    s = StaticSchedule([1.0, 1.67, 3.33])
+    assert [s.factor(r, 5) for r in range(4)] == [1.0, 1.67, 3.33, 1.0]
+
+
+def test_transient_window_is_half_open_and_overlaps_take_max():
+    s = TransientSchedule([SlowdownEvent(3, 4.0, 40, 160), SlowdownEvent(3, 6.0, 100, 110), SlowdownEvent(1, 2.0, 0, None)])
+    assert s.factor(3, 39) == 1.0
+    assert s.factor(3, 40) == 4.0
+    assert s.factor(3, 105) == 6.0
+    assert s.factor(3, 159) == 4.0
+    assert s.factor(3, 160) == 1.0
+    assert s.factor(1, 10_000) == 2.0
+    assert s.factor(0, 50) == 1.0
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**31), p=st.floats(0, 1), dmin=st.integers(1, 30), extra=st.integers(0, 30),
+       window=st.integers(1, 40))
+def test_random_schedule_is_a_pure_function_of_seed_rank_step(seed, p, dmin, extra, window):
+    a = RandomSchedule(seed, p, 2.0, 5.0, dmin, dmin + extra, window)
+    b = RandomSchedule(seed, p, 2.0, 5.0, dmin, dmin + extra, window)
+    steps = 200
+    events = a.events_until(4, steps)
+    for rank in range(4):
+        for step in range(0, steps, 3):
+            f = a.factor(rank, step)
+            assert f == b.factor(rank, step)  # identical on every rank / every process
+            # equals the max over the explicitly listed events covering (rank, step)
+            expected = max([e.factor for e in events if e.active(rank, step)], default=1.0)
+            assert f == pytest.approx(expected)
+            assert f == 1.0 or 2.0 <= f <= 5.0
+
+
+def test_random_probability_bounds():
+    never = RandomSchedule(0, 0.0, 2.0, 4.0, 5, 10, 10)
+    always = RandomSchedule(0, 1.0, 2.0, 4.0, 10, 10, 10)
+    assert all(never.factor(r, t) == 1.0 for r in range(4) for t in range(300))
+    assert all(always.factor(r, t) >= 2.0 for r in range(4) for t in range(300))
+
+
+def test_random_rate_is_close_to_probability():
+    s = RandomSchedule(7, 0.25, 2.0, 4.0, 5, 5, 10)
+    events = s.events_until(8, 10 * 1000)
+    assert abs(len(events) / (8 * 1000) - 0.25) < 0.03
+
+
+def test_added_delay_closed_form():
+    assert added_delay_s(1.0, 0.5, 0.0, 32) == 0.0
+    assert added_delay_s(3.0, 0.010, 0.0, 32) == pytest.approx(0.020)
+    # emulated device time scales with the factor: 2 x 5 ms x 32 samples, plus (2-1) x 10 ms of real compute
+    assert added_delay_s(2.0, 0.010, 5.0, 32) == pytest.approx(0.010 + 0.320)
