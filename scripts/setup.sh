@@ -73,7 +73,7 @@ SH
   fi
   "${PIP[@]}" install --no-deps "$CACHED_DIR"/horovod-"$HOROVOD_VERSION"-*.whl
   # Horovod's own runtime dependencies (its wheel was installed with --no-deps).
-  "${PIP[@]}" install cloudpickle psutil pyyaml packaging
+  "${PIP[@]}" install cloudpickle psutil pyyaml packaging cffi
 fi
 
 # The package and its test/benchmark extras (torch already satisfied, so nothing big is pulled).
