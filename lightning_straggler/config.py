@@ -31,8 +31,33 @@ class RingConfig:
         pass
 
 
+@dataclass
+class DSSyncConfig:
+    name: str = "dssync"
+    group_size: int = 2
+    schedule: str = "butterfly"  # butterfly | random
+    num_partitions: Optional[int] = None  # random: partitions in the cycle (default 4); butterfly: derived
+    seed: int = 0
+    sync: str = "params"  # params (the paper's code) | grads
+    global_every_steps: int = 0  # average over all workers every N steps (0 = off)
+    global_at_epoch_end: bool = True
+
+    def validate(self, world_size: int) -> None:
+        from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
+
+        _check(1 <= self.group_size <= world_size, "algorithm.group_size", f"in 1..{world_size} (the number of workers)", self.group_size)
+        _check(self.schedule in KINDS, "algorithm.schedule", f"one of {', '.join(KINDS)}", self.schedule)
+        _check(self.sync in ("params", "grads"), "algorithm.sync", "one of params, grads", self.sync)
+        _check(self.global_every_steps >= 0, "algorithm.global_every_steps", ">= 0 (0 = off)", self.global_every_steps)
+        _check(self.seed >= 0, "algorithm.seed", ">= 0", self.seed)
+        try:
+            DSSyncSchedule(world_size, self.group_size, self.schedule, self.num_partitions, self.seed)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.{e}") from None
+
+
 # name -> schema; later algorithms add their entry here and a strategy in strategies/.
-ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig}
+ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from typing import Any, Callable, Dict, Optional
 
+import torch
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
 log = logging.getLogger(__name__)
@@ -87,10 +89,20 @@ class HorovodLauncher(_MultiProcessingLauncher):
             self._strategy.comm.shutdown()
 
     def get_extra_results(self, trainer) -> Dict[str, Any]:
+        # Lightning sends these through a pipe that the parent reads only after every worker has
+        # exited; a payload over the pipe's buffer (64 KiB) would block rank 0 forever. A file doesn't.
         extra = super().get_extra_results(trainer)
         extra["run_report"] = self._strategy.run_report
-        return extra
+        fd, path = tempfile.mkstemp(prefix="lightning-straggler-results-", suffix=".pt")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(extra, f)
+        return {"results_path": path}
 
     def update_main_process_results(self, trainer, extra: Dict[str, Any]) -> None:
+        path = extra["results_path"]
+        try:
+            extra = torch.load(path, weights_only=False)
+        finally:
+            os.remove(path)
         super().update_main_process_results(trainer, extra)
         self._strategy.run_report = extra.get("run_report", {})

@@ -13,9 +13,10 @@ def flat_params(module) -> torch.Tensor:
 
 
 class RankSpread(Callback):
-    """Max |param - rank 0's param| over all ranks, reported in callback_metrics at the end of training."""
+    """Max |param - rank 0's param| over all ranks, reported in callback_metrics at the end of fit
+    (after the strategy's own end-of-training work)."""
 
-    def on_train_end(self, trainer, pl_module):
+    def on_fit_end(self, trainer, pl_module):
         gathered = trainer.strategy.all_gather(flat_params(pl_module))
         spread = (gathered - gathered[0]).abs().max()
         trainer.callback_metrics["rank_param_spread"] = spread.detach().clone()
@@ -39,3 +40,16 @@ class ListeningSockets(Callback):
         nonloop = trainer.strategy.reduce(torch.tensor(float(len(bad))), reduce_op="sum")
         trainer.callback_metrics["listeners_total"] = total
         trainer.callback_metrics["listeners_not_loopback"] = nonloop
+
+
+class Snapshots(Callback):
+    """Every rank's flattened parameters after the given optimizer steps (0-based), as
+    callback_metrics["params_after_step{k}"] with shape (world, n)."""
+
+    def __init__(self, steps):
+        self.steps = set(steps)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        done = trainer.strategy.steps_done - 1
+        if done in self.steps:
+            trainer.callback_metrics[f"params_after_step{done}"] = trainer.strategy.all_gather(flat_params(pl_module)).clone()

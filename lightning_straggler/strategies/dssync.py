@@ -1,0 +1,119 @@
+"""``dssync``: Divide-and-Shuffle Synchronization (Wang et al. 2020).
+
+Each step a rank averages only with the members of its group in the schedule's partition for that
+step (``policies/dssync.py``: butterfly or seeded random partitions, the same on every rank without
+negotiation). ``sync="params"`` averages parameters after the local optimizer step (the paper's
+reference code); ``sync="grads"`` averages gradients before it. The process sets for every group the
+schedule can use are created once at set-up (adding a Horovod process set is a collective over all
+ranks).
+
+A global average over every worker makes one consensus model: every ``global_every_steps`` steps (0 =
+off), at the end of every epoch (``global_at_epoch_end``), before every validation, and at the end of
+training, so validation, checkpoints and the model handed back by ``fit`` are the consensus model.
+Parameters and floating-point buffers (e.g. batch-norm statistics) are averaged; optimizer state
+(momentum, Adam moments) stays local to each rank.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
+from lightning_straggler.strategies.horovod_base import HorovodStrategy
+
+SYNC_MODES = ("params", "grads")
+
+
+class DSSyncStrategy(HorovodStrategy):
+    strategy_name = "dssync"
+    uses_subgroups = True
+
+    def __init__(self, group_size: int = 2, schedule: str = "butterfly", num_partitions: Optional[int] = None,
+                 seed: int = 0, sync: str = "params", global_every_steps: int = 0,
+                 global_at_epoch_end: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be an integer >= 1 (got {group_size!r})")
+        if schedule not in KINDS:
+            raise ValueError(f"schedule must be one of {', '.join(KINDS)} (got {schedule!r})")
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
+        if global_every_steps < 0:
+            raise ValueError(f"global_every_steps must be >= 0 (0 = off) (got {global_every_steps})")
+        self.group_size, self.schedule_kind, self.num_partitions, self.seed = group_size, schedule, num_partitions, seed
+        self.sync, self.global_every_steps, self.global_at_epoch_end = sync, global_every_steps, global_at_epoch_end
+        self.schedule: Optional[DSSyncSchedule] = None
+        self._group = (0,)
+        self._consensus = True  # every rank holds the same parameters (true after the set-up broadcast)
+
+    @override
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        # group_size > world_size (e.g. a small local run) means one group of everyone
+        size = min(self.group_size, self.world_size)
+        self.schedule = DSSyncSchedule(self.world_size, size, self.schedule_kind, self.num_partitions, self.seed)
+        self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
+        if not self.events:
+            self.record_event("schedule", schedule=self.schedule.describe(), sync=self.sync,
+                              global_every_steps=self.global_every_steps,
+                              global_at_epoch_end=self.global_at_epoch_end)
+
+    def _step_group(self) -> tuple:
+        assert self.schedule is not None
+        return self.schedule.group_of(self.global_rank, self.steps_done)
+
+    @override
+    def current_group_leader(self) -> int:
+        return self._group[0]
+
+    @override
+    def synchronize_gradients(self, optimizer: Optimizer) -> None:
+        self._group = self._step_group()
+        if self.sync == "grads" and len(self._group) > 1:
+            self.comm.allreduce_grouped_(self.gradients_of(optimizer), op="mean", group=self._group, tag="grads")
+
+    @override
+    def after_optimizer_step(self, optimizer: Optimizer) -> None:
+        if self.sync == "params" and len(self._group) > 1:
+            self.comm.allreduce_grouped_(self._model_tensors(), op="mean", group=self._group, tag="params")
+        self._consensus = len(self._group) == self.world_size
+        step = self.steps_done + 1  # steps_done counts this step only after this hook
+        if self.global_every_steps and step % self.global_every_steps == 0:
+            self.global_average(reason=f"every {self.global_every_steps} steps", step=step)
+        elif self.global_at_epoch_end and self._last_batch_of_epoch():
+            self.global_average(reason="epoch end", step=step)
+
+    def _last_batch_of_epoch(self) -> bool:
+        # Equal on every rank: DistributedSampler gives every rank the same number of batches.
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        return bool(trainer is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+    def _model_tensors(self) -> List[Tensor]:
+        module = self.lightning_module
+        tensors = [p.data for p in module.parameters()]
+        tensors += [b.data for b in module.buffers() if b.is_floating_point()]
+        return tensors
+
+    def global_average(self, reason: str, step: Optional[int] = None) -> None:
+        """Average parameters and floating buffers over every rank (a collective over all ranks)."""
+        if self._consensus:
+            return
+        self.comm.allreduce_grouped_(self._model_tensors(), op="mean", tag="global_params")
+        self._consensus = True
+        self.record_event("global_average", reason=reason, step=self.steps_done if step is None else step)
+
+    @override
+    def on_validation_start(self) -> None:
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self.global_average(reason="before validation")
+        super().on_validation_start()
+
+    @override
+    def on_train_end(self) -> None:
+        self.global_average(reason="end of training")
+        super().on_train_end()

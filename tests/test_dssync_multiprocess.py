@@ -1,0 +1,75 @@
+"""DS-Sync with real Horovod workers at 4 ranks."""
+import json
+
+import pytest
+import torch
+
+from lightning_straggler import DSSyncStrategy
+from lightning_straggler.callbacks import StragglerInjector
+from lightning_straggler.policies.dssync import DSSyncSchedule
+from lightning_straggler.policies.injection import RandomSchedule
+from tests.helpers import RankSpread, Snapshots, flat_params
+from tests.test_ring_multiprocess import fit, make_model
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_makes_consensus():
+    world = 4
+    schedule = DSSyncSchedule(world, 2, "butterfly")
+    strategy = DSSyncStrategy(group_size=2, schedule="butterfly", sync="params", global_every_steps=3,
+                              global_at_epoch_end=False)
+    trainer = fit(make_model(), strategy, world, 8, 5, callbacks=[Snapshots([0, 1, 2]), RankSpread()])
+    m = trainer.callback_metrics
+    for step in (0, 1):
+        params = m[f"params_after_step{step}"]
+        groups = schedule.partition(step)
+        for group in groups:
+            for r in group:  # members of a group hold the group's average
+                assert (params[r] - params[group[0]]).abs().max() < 1e-6
+        # different groups trained on different data: their models differ
+        assert (params[groups[0][0]] - params[groups[1][0]]).abs().max() > 1e-4
+    # step index 2 is the third step: global_every_steps=3 averaged over everyone
+    after_global = m["params_after_step2"]
+    assert (after_global - after_global[0]).abs().max() < 1e-6
+    # end of training: the handed-back model is the consensus of all ranks
+    assert m["rank_param_spread"].item() < 1e-6
+    events = strategy.run_report["events"]
+    assert events[0]["kind"] == "schedule" and events[0]["schedule"]["kind"] == "butterfly"
+    reasons = [e["reason"] for e in events if e["kind"] == "global_average"]
+    assert reasons == ["every 3 steps", "end of training"]
+
+
+@pytest.mark.parametrize("sync", ["params", "grads"])
+def test_one_group_of_everyone_equals_ring(sync):
+    steps = 5
+    ring = make_model()
+    fit(ring, "ring", 4, 8, steps)
+    ds = make_model()
+    fit(ds, DSSyncStrategy(group_size=4, sync=sync), 4, 8, steps)
+    # SGD with momentum is linear in the gradient, so averaging parameters after local steps from
+    # equal parameters gives the ring trajectory too.
+    diff = (flat_params(ds) - flat_params(ring)).abs().max().item()
+    assert diff < 1e-5, diff
+
+
+def test_random_straggler_schedules_always_finish():
+    for seed in range(3):
+        injector = StragglerInjector(RandomSchedule(seed, 0.5, 2.0, 20.0, 1, 6, 3))
+        strategy = DSSyncStrategy(group_size=2, schedule="random", seed=seed, global_every_steps=4)
+        trainer = fit(make_model(seed), strategy, 4, 8, 12, callbacks=[injector, RankSpread()])
+        assert trainer.state.finished
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_cli_run_records_schedule_and_global_averages(tmp_path, cli):
+    out = tmp_path / "run"
+    res = cli("algorithm=dssync", "trainer=quick", "trainer.devices=4", "straggler=none", "data=synthetic",
+              "trainer.max_steps=20", "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "dssync"
+    kinds = [e["kind"] for e in summary["events"]]
+    assert kinds[0] == "schedule" and summary["events"][0]["schedule"]["num_groups"] == 4
+    assert kinds.count("global_average") >= 2  # before each validation, and at the end
+    assert summary["train_samples"] == 4 * 20 * 32
