@@ -56,8 +56,41 @@ class DSSyncConfig:
             raise ConfigError(f"algorithm.{e}") from None
 
 
+@dataclass
+class BoaConfig:
+    name: str = "boa"
+    global_batch: int = 0  # 0 = workers x data.batch_size
+    min_local_batch: int = 1
+    max_local_batch: int = 0  # memory cap per worker (0 = none)
+    window_steps: int = 10  # steps between profile gathers / re-planning (0 = never re-plan)
+    rebalance_gain: float = 0.05  # re-plan only when the predicted step time improves by more than this
+    tune_workers: bool = False  # drop workers that cost more than they add
+    history_windows: int = 3  # windows of measurements the time models are fitted on
+    initial_batch_sizes: Optional[List[int]] = None  # default: the global batch split evenly
+    seed: int = 0  # the shared per-epoch permutation
+
+    def validate(self, world_size: int) -> None:
+        _check(self.min_local_batch >= 1, "algorithm.min_local_batch", ">= 1", self.min_local_batch)
+        _check(self.max_local_batch == 0 or self.max_local_batch >= self.min_local_batch, "algorithm.max_local_batch",
+               f"0 (no cap) or >= min_local_batch ({self.min_local_batch})", self.max_local_batch)
+        low = world_size * self.min_local_batch
+        high = world_size * self.max_local_batch if self.max_local_batch else None
+        _check(self.global_batch >= low and (high is None or self.global_batch <= high), "algorithm.global_batch",
+               f"in {low}..{high if high else 'inf'} ({world_size} workers x [min_local_batch, max_local_batch])",
+               self.global_batch)
+        _check(self.window_steps >= 0, "algorithm.window_steps", ">= 0 (0 = never re-plan)", self.window_steps)
+        _check(self.rebalance_gain >= 0, "algorithm.rebalance_gain", ">= 0", self.rebalance_gain)
+        _check(self.history_windows >= 1, "algorithm.history_windows", ">= 1", self.history_windows)
+        _check(self.seed >= 0, "algorithm.seed", ">= 0", self.seed)
+        if self.initial_batch_sizes is not None:
+            sizes = self.initial_batch_sizes
+            _check(len(sizes) == world_size and all(b >= 0 for b in sizes) and sum(sizes) == self.global_batch,
+                   "algorithm.initial_batch_sizes",
+                   f"null or {world_size} sizes >= 0 summing to global_batch ({self.global_batch})", sizes)
+
+
 # name -> schema; later algorithms add their entry here and a strategy in strategies/.
-ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig}
+ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------
@@ -223,6 +256,8 @@ class TrainConfig:
         self.trainer.validate()
         self.profiler.validate()
         self.straggler.validate(self.trainer.devices)
+        if getattr(self.algorithm, "global_batch", None) == 0:  # boa: default global batch
+            self.algorithm.global_batch = self.trainer.devices * self.data.batch_size
         self.algorithm.validate(self.trainer.devices)
         _check(0.0 <= self.target_acc <= 1.0, "target_acc", "in [0, 1]", self.target_acc)
 

@@ -30,10 +30,11 @@ def train_set():
 
 def fit(model, strategy, devices, batch_size, steps, callbacks=(), sampler=None, **trainer_kwargs):
     loader = DataLoader(train_set(), batch_size=batch_size, sampler=sampler, shuffle=False)
+    options = dict(limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False)
+    options.update(trainer_kwargs)
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
-                         limit_val_batches=0, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
-                         **trainer_kwargs)
+                         callbacks=list(callbacks), **options)
     trainer.fit(model, train_dataloaders=loader)
     return trainer
 
@@ -110,3 +111,15 @@ def test_multirun_grid(tmp_path, cli):
     assert len(summaries) == 2
     scenarios = sorted(json.loads(p.read_text())["config"]["straggler"]["scenario"] for p in summaries)
     assert scenarios == ["none", "static"]
+
+
+def test_checkpoint_written_once_by_rank_0_and_loadable(tmp_path):
+    model = make_model()
+    trainer = fit(model, "ring", 2, 16, 6, enable_checkpointing=True, default_root_dir=str(tmp_path))
+    files = list(tmp_path.rglob("*.ckpt"))
+    assert len(files) == 1, files
+    state = torch.load(files[0], weights_only=False)["state_dict"]
+    restored = make_model(seed=123)
+    restored.load_state_dict(state)
+    assert torch.equal(flat_params(restored), flat_params(model))  # the trained weights handed back
+    assert trainer.checkpoint_callback.best_model_path == str(files[0])

@@ -1,6 +1,7 @@
 """Lightning strategies, one algorithm per module, registered by name on import."""
 from lightning.pytorch.strategies import StrategyRegistry
 
+from lightning_straggler.strategies.boa import BoaStrategy
 from lightning_straggler.strategies.dssync import DSSyncStrategy
 from lightning_straggler.strategies.horovod_base import HorovodStrategy
 from lightning_straggler.strategies.ring import RingStrategy
@@ -8,6 +9,7 @@ from lightning_straggler.strategies.ring import RingStrategy
 # name -> (class, description); later algorithms add their row.
 STRATEGIES = {
     RingStrategy.strategy_name: (RingStrategy, "Synchronous gradient all-reduce over all Horovod workers (baseline)"),
+    BoaStrategy.strategy_name: (BoaStrategy, "Batch orchestration: per-worker batch sizes so mixed-speed workers finish together"),
     DSSyncStrategy.strategy_name: (DSSyncStrategy, "Divide-and-Shuffle: small groups average, membership reshuffled each step"),
 }
 
@@ -18,4 +20,4 @@ def register_strategies(registry=StrategyRegistry) -> None:
             registry.register(name, cls, description=description)
 
 
-__all__ = ["DSSyncStrategy", "HorovodStrategy", "RingStrategy", "STRATEGIES", "register_strategies"]
+__all__ = ["BoaStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy", "STRATEGIES", "register_strategies"]

@@ -190,6 +190,8 @@ class HorovodStrategy(ParallelStrategy):
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
         def closure_then_synchronize() -> Any:
             result = closure()  # forward + backward (+ injected straggler delay)
+            if self.root_device.type == "cuda":
+                torch.cuda.synchronize(self.root_device)  # kernels are asynchronous: time them to completion
             self.recorder.mark_compute_end()
             started = time.perf_counter()
             self.synchronize_gradients(optimizer)

@@ -1,0 +1,174 @@
+"""``boa``: Batch-Orchestrating Algorithm for clusters of mixed speed (BOA thesis).
+
+Every rank gets its own local batch size b_i so that all finish a step together. Compute time per
+step (before any collective, from the strategy's recorder) is gathered every ``window_steps`` steps;
+rank 0 fits a linear time model t_i(b) = a_i + c_i * b per rank (``policies/boa.py``), solves for the
+integer batch sizes that minimise the slowest predicted time, and broadcasts the new allocation when
+its predicted gain exceeds ``rebalance_gain``. (Rank 0 decides and broadcasts instead of every rank
+solving on its own: one tiny broadcast per window buys immunity to floating-point differences between
+machines.) The allocation takes effect at a step no rank's data loader has drawn yet.
+
+Data: the strategy's ``process_dataloader`` hook replaces the training loader's sampler with a batch
+sampler over one shared seeded permutation per epoch (``policies/boa_schedule.py``): every sample
+once per epoch whatever the allocation. Gradients: each rank's mean gradient is scaled by b_i / B and
+summed over ranks, which is the gradient of the global batch's mean loss; the learning rate is unchanged.
+``accumulate_grad_batches`` must be 1 (a step is one batch).
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, Sampler
+from typing_extensions import override
+
+from lightning_straggler.policies import boa as boa_policy
+from lightning_straggler.policies.boa_schedule import AllocationSchedule, epoch_permutation, rank_slice
+from lightning_straggler.strategies.horovod_base import HorovodStrategy
+
+
+class GlobalBatchSampler(Sampler[List[int]]):
+    """Yields this rank's slice of each global batch; knows the step of every batch it yields."""
+
+    def __init__(self, num_samples: int, rank: int, schedule: AllocationSchedule, seed: int = 0) -> None:
+        self.num_samples, self.rank, self.schedule, self.seed = num_samples, rank, schedule, seed
+        self.epoch = 0
+        self.next_step = 0  # global step of the next batch to yield (Lightning prefetches one ahead)
+        self.placeholders = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples // self.schedule.global_batch
+
+    def __iter__(self) -> Iterator[List[int]]:
+        perm = epoch_permutation(self.num_samples, self.seed, self.epoch)
+        for k in range(len(self)):
+            indices, placeholder = rank_slice(perm, k, self.schedule.at(self.next_step), self.rank)
+            self.placeholders += placeholder
+            self.next_step += 1
+            yield indices
+
+
+class BoaStrategy(HorovodStrategy):
+    strategy_name = "boa"
+    uses_subgroups = False
+
+    def __init__(self, global_batch: int = 0, min_local_batch: int = 1, max_local_batch: int = 0,
+                 window_steps: int = 10, rebalance_gain: float = 0.05, tune_workers: bool = False,
+                 history_windows: int = 3, initial_batch_sizes: Optional[Sequence[int]] = None, seed: int = 0,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name, value, low in (("global_batch", global_batch, 0), ("min_local_batch", min_local_batch, 1),
+                                 ("max_local_batch", max_local_batch, 0), ("window_steps", window_steps, 0),
+                                 ("history_windows", history_windows, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
+        if rebalance_gain < 0:
+            raise ValueError(f"rebalance_gain must be >= 0 (got {rebalance_gain})")
+        self.global_batch, self.min_local_batch, self.max_local_batch = global_batch, min_local_batch, max_local_batch
+        self.window_steps, self.rebalance_gain, self.tune_workers = window_steps, rebalance_gain, tune_workers
+        self.history_windows, self.initial_batch_sizes, self.seed = history_windows, initial_batch_sizes, seed
+        self.schedule: Optional[AllocationSchedule] = None
+        self.sampler: Optional[GlobalBatchSampler] = None
+        self._points: List[List[tuple]] = []  # per window: (rank, batch size, compute seconds)
+        self._window_start = 0  # index of the first recorder record not yet used for a decision
+
+    # --- data ---------------------------------------------------------------------------------
+    def _initial_allocation(self, local_batch: int) -> List[int]:
+        n = self.world_size
+        if self.initial_batch_sizes is not None:
+            sizes = [int(b) for b in self.initial_batch_sizes]
+            if len(sizes) != n:
+                raise ValueError(f"initial_batch_sizes needs one entry per worker ({n}) (got {sizes})")
+            return sizes
+        total = self.global_batch or local_batch * n
+        if total < n * self.min_local_batch or (self.max_local_batch and total > n * self.max_local_batch):
+            raise ValueError(f"global_batch {total} cannot be placed on {n} workers within "
+                             f"min_local_batch={self.min_local_batch}, max_local_batch={self.max_local_batch or 'none'}")
+        return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if not (isinstance(dataloader, DataLoader) and trainer.training):
+            return dataloader  # validation / test loaders keep Lightning's DistributedSampler
+        if self.schedule is None:
+            self.schedule = AllocationSchedule(self._initial_allocation(dataloader.batch_size or 1))
+            self.record_event("allocation", batch_sizes=list(self.schedule.at(0)), reason="initial",
+                              global_batch=self.schedule.global_batch)
+        self.sampler = GlobalBatchSampler(len(dataloader.dataset), self.global_rank, self.schedule, self.seed)
+        return DataLoader(dataloader.dataset, batch_sampler=self.sampler, collate_fn=dataloader.collate_fn,
+                          num_workers=dataloader.num_workers, pin_memory=dataloader.pin_memory)
+
+    # --- the step -----------------------------------------------------------------------------
+    @override
+    def synchronize_gradients(self, optimizer: Optimizer) -> None:
+        assert self.schedule is not None, "boa needs its training data loader (process_dataloader was not called)"
+        grads = self.gradients_of(optimizer)
+        weight = self.schedule.weight(self.global_rank, self.steps_done)
+        for g in grads:
+            g.mul_(weight)
+        self.comm.allreduce_grouped_(grads, op="sum", tag="grads")
+
+    @override
+    def after_optimizer_step(self, optimizer: Optimizer) -> None:
+        if self.window_steps and (self.steps_done + 1) % self.window_steps == 0:
+            self._rebalance()
+
+    def _rebalance(self) -> None:
+        assert self.schedule is not None and self.sampler is not None
+        window = self.recorder.records[self._window_start:]  # this step's record is not closed yet
+        self._window_start = len(self.recorder.records)
+        mine = [(float(self.global_rank), float(r.samples), r.compute_s) for r in window]
+        rows = torch.tensor(mine + [(float(self.global_rank), -1.0, float(self.sampler.next_step))],
+                            dtype=torch.float64)
+        every = self.comm.allgather(rows, tag="boa_profile").tolist()
+        decision = None
+        if self.global_rank == 0:
+            self._points.append([tuple(r) for r in every if r[1] >= 0])
+            self._points = self._points[-self.history_windows:]
+            first_free_step = int(max(r[2] for r in every if r[1] < 0))
+            decision = self._decide(first_free_step)
+        decision = self.comm.broadcast_object(decision, root=0, tag="boa_plan")
+        if decision is not None:
+            self.schedule.change(decision["from_step"], decision["batch_sizes"])
+            self.record_event("rebalance", **decision)
+
+    def _decide(self, from_step: int) -> Optional[dict]:
+        """Rank 0: fit time models from the recent windows and re-plan if it pays off enough."""
+        n = self.world_size
+        samples = [[(b, t) for rank, b, t in (p for window in self._points for p in window) if int(rank) == i]
+                   for i in range(n)]
+        current = list(self.schedule.at(from_step))
+        models = []
+        for i, pts in enumerate(samples):
+            real = [(b, t) for b, t in pts if current[i] > 0 or b > 1] or pts  # skip placeholder points when possible
+            models.append(boa_policy.fit_linear_time_model([b for b, _ in real], [t for _, t in real]))
+        cost = self._allreduce_cost_s()
+        plan = boa_policy.plan(models, self.schedule.global_batch, self.min_local_batch,
+                               self.max_local_batch or None, tune_workers=self.tune_workers,
+                               allreduce_cost_s=(lambda k: cost) if self.tune_workers else None)
+        predicted_now = boa_policy.predicted_step_time(models, current)
+        gain = (predicted_now - plan.predicted_step_time_s) / predicted_now if predicted_now > 0 else 0.0
+        if gain <= self.rebalance_gain or list(plan.batch_sizes) == current:
+            return None
+        return {"from_step": from_step, "batch_sizes": list(plan.batch_sizes), "excluded": list(plan.excluded),
+                "predicted_step_s_before": predicted_now, "predicted_step_s_after": plan.predicted_step_time_s,
+                "predicted_gain": gain,
+                "models": [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in models]}
+
+    def _allreduce_cost_s(self) -> float:
+        comm = [r.comm_s for r in self.recorder.records[-self.window_steps:]]
+        return min(comm) if comm else 0.0
+
+    @override
+    def on_train_end(self) -> None:
+        # Placeholder batches of excluded ranks trained nothing: the summary does not count them.
+        mine = torch.tensor([float(self.sampler.placeholders if self.sampler else 0)], dtype=torch.float64)
+        total = int(self.comm.allreduce(mine, op="sum", tag="boa_placeholders").item())
+        if self.global_rank == 0:
+            self.run_report["discarded_samples"] = total
+        super().on_train_end()

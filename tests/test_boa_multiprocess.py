@@ -1,0 +1,64 @@
+"""BOA with real Horovod workers at 4 ranks."""
+import json
+
+import pytest
+import torch
+
+from lightning_straggler import BoaStrategy
+from lightning_straggler.callbacks import StragglerInjector
+from lightning_straggler.policies.boa_schedule import epoch_permutation
+from lightning_straggler.policies.injection import RandomSchedule, StaticSchedule
+from tests.helpers import RankSpread, flat_params
+from tests.test_ring_multiprocess import fit, make_model, train_set
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_unequal_batches_equal_one_single_process_step_on_the_global_batch():
+    sizes = [4, 8, 12, 8]
+    reference = make_model()
+    perm = epoch_permutation(len(train_set()), 0, 0)
+    fit(reference, "auto", 1, sum(sizes), 1, sampler=perm)  # rank slices concatenated = perm[:32]
+    boa = make_model()
+    trainer = fit(boa, BoaStrategy(initial_batch_sizes=sizes, window_steps=0), 4, 8, 1, callbacks=[RankSpread()])
+    diff = (flat_params(boa) - flat_params(reference)).abs().max().item()
+    assert diff < 1e-5, diff
+    assert (flat_params(boa) - flat_params(make_model())).abs().max().item() > 1e-3
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_rebalances_towards_fast_workers_under_a_static_mix():
+    # ranks 2 and 3 are 2x and 4x slower (emulated device time 2 ms per sample x factor)
+    injector = StragglerInjector(StaticSchedule([1.0, 1.0, 2.0, 4.0]), device_ms_per_sample=2.0)
+    strategy = BoaStrategy(window_steps=5, rebalance_gain=0.05)
+    trainer = fit(make_model(), strategy, 4, 16, 20, callbacks=[injector, RankSpread()])
+    events = strategy.run_report["events"]
+    assert events[0]["kind"] == "allocation" and events[0]["batch_sizes"] == [16, 16, 16, 16]
+    rebalances = [e for e in events if e["kind"] == "rebalance"]
+    assert rebalances, events
+    sizes = rebalances[-1]["batch_sizes"]
+    assert sum(sizes) == 64
+    assert sizes[0] > sizes[2] > sizes[3]  # faster workers take more samples
+    assert sizes[3] <= 16 * 0.6
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_random_straggler_schedules_always_finish():
+    for seed in range(2):
+        injector = StragglerInjector(RandomSchedule(seed, 0.5, 2.0, 20.0, 1, 6, 3), device_ms_per_sample=0.5)
+        strategy = BoaStrategy(window_steps=3, rebalance_gain=0.0, tune_workers=True)
+        trainer = fit(make_model(seed), strategy, 4, 8, 12, callbacks=[injector, RankSpread()])
+        assert trainer.state.finished
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_cli_boa_summary(tmp_path, cli):
+    out = tmp_path / "run"
+    res = cli("algorithm=boa", "algorithm.window_steps=5", "trainer=quick", "trainer.devices=4", "straggler=static",
+              "straggler.factors=[1.0,1.0,1.67,3.33]", "data=synthetic", "trainer.max_steps=20",
+              "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "boa"
+    assert summary["events"][0]["kind"] == "allocation"
+    assert summary["train_samples"] == 20 * 128
