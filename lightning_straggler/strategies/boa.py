@@ -147,10 +147,15 @@ class BoaStrategy(HorovodStrategy):
         for i, pts in enumerate(samples):
             real = [(b, t) for b, t in pts if current[i] > 0 or b > 1] or pts  # skip placeholder points when possible
             models.append(boa_policy.fit_linear_time_model([b for b, _ in real], [t for _, t in real]))
-        cost = self._allreduce_cost_s()
+        measured = self._allreduce_cost_s()
+
+        def allreduce_cost_s(k: int) -> float:
+            # ring all-reduce moves 2(k-1)/k of the gradient per worker: scale the measured cost at n to k
+            return measured * (2 * (k - 1) / k) / (2 * (n - 1) / n) if n > 1 else 0.0
+
         plan = boa_policy.plan(models, self.schedule.global_batch, self.min_local_batch,
                                self.max_local_batch or None, tune_workers=self.tune_workers,
-                               allreduce_cost_s=(lambda k: cost) if self.tune_workers else None)
+                               allreduce_cost_s=allreduce_cost_s if self.tune_workers else None)
         predicted_now = boa_policy.predicted_step_time(models, current)
         gain = (predicted_now - plan.predicted_step_time_s) / predicted_now if predicted_now > 0 else 0.0
         if gain <= self.rebalance_gain or list(plan.batch_sizes) == current:
@@ -161,6 +166,7 @@ class BoaStrategy(HorovodStrategy):
                 "models": [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in models]}
 
     def _allreduce_cost_s(self) -> float:
+        # rank 0's fastest recent all-reduce: the transfer alone, without waiting for stragglers
         comm = [r.comm_s for r in self.recorder.records[-self.window_steps:]]
         return min(comm) if comm else 0.0
 
