@@ -11,7 +11,6 @@ Groups of one step are told apart by their smallest rank (groups of one step are
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from lightning_straggler import BoaStrategy
 from lightning_straggler.callbacks import StragglerInjector

@@ -14,7 +14,7 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
 
