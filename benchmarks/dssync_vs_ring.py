@@ -8,9 +8,9 @@ two CPU cores behave like accelerators), until max_epochs (4 epochs at 4 workers
 optimizer steps at other worker counts), validation twice per epoch, target accuracy 0.5 (a single-process
 check of the same MLP at global batch 128 reaches 0.48 after 3 epochs and 0.56 after 4, hence 4).
 
-Part 2 (communication-bound): MLP 40-1024-1024-1024-10 (~2.15 M parameters) on synthetic data, 30 steps,
-no emulated device time, no validation inside the steps; checks the issue's target: synchronisation time
-per step at most (g-1)/(N-1) of ring's plus a fixed overhead.
+Part 2 (communication-bound): MLP 40-1024-1024-1024-10 (~2.15 M parameters) on synthetic data, 50 steps
+(--quick: 20), no emulated device time, no validation inside the steps; checks the issue's target:
+synchronisation time per step at most (g-1)/(N-1) of ring's plus a fixed overhead.
 
 Runs alternate ring, dssync for every (workers, seed), so drift of the machine hits both.
 Sync time per step per worker = median over ranks of (per_rank comm_s.mean + wait_s.mean) from
@@ -34,6 +34,8 @@ ALGOS = {"ring": ["algorithm=ring"],
 G = 2  # dssync group size
 BYTES_FORMULA = ("analytic, fp32: ring all-reduce over N workers sends 2*(N-1)/N * P * 4 bytes per worker per "
                  "step; a group all-reduce of size g sends 2*(g-1)/g * P * 4 (P = parameter count)")
+LOAD_NOTE = (f"{os.cpu_count()} CPU cores are shared by all workers; runs[*].load1_before/after is the 1-minute load "
+             "average around each run: well above the run's worker count means other processes competed for the cores")
 PART1 = {"hidden": [256, 256], "data": "mnist1d", "device_ms_per_sample": 1.0, "target_acc": 0.5}
 PART2 = {"hidden": [1024, 1024, 1024], "data": "synthetic", "device_ms_per_sample": 0.0, "target_acc": 0.5}
 
@@ -62,6 +64,7 @@ def run_one(algo: str, workers: int, seed: int, part: Dict[str, Any], trainer: L
     ] + trainer
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
+    load_before = os.getloadavg()[0]
     s = train(cfg)
     ranks = s["per_rank"].values()
     sync = statistics.median(r["comm_s"]["mean"] + r["wait_s"]["mean"] for r in ranks)
@@ -73,6 +76,7 @@ def run_one(algo: str, workers: int, seed: int, part: Dict[str, Any], trainer: L
             "sync_ms": 1e3 * sync, "comm_ms": 1e3 * comm, "sync_p50_ms": 1e3 * sync_p50, "steps": steps,
             "train_samples": s["train_samples"], "wall_s": s["wall_s"], "launch_s": s["launch_s"],
             "val_acc": s["val_acc"], "time_to_target_s": s["time_to_target_s"], "global_averages": global_avgs,
+            "load1_before": load_before, "load1_after": os.getloadavg()[0],
             "summary": os.path.join(out_dir, "summary.json")}
 
 
@@ -148,7 +152,7 @@ def main(argv=None) -> Dict[str, Any]:
     if min(workers) < G or seeds < 1:
         ap.error(f"--workers must be >= {G}, --seeds >= 1")
     epochs4 = 4  # at 4 workers; other N: the same number of optimizer steps
-    steps2 = 20 if args.quick else 30
+    steps2 = 20 if args.quick else 50
     run_root = os.path.join(RESULTS, "dssync", time.strftime("%Y%m%d-%H%M%S"))
     started = time.time()
 
@@ -171,9 +175,9 @@ def main(argv=None) -> Dict[str, Any]:
                     print(f"[dssync_vs_ring] {name} N={n} seed={seed} {algo:6s} ({what}): {r['throughput']:.0f} samples/s, "
                           f"sync {r['sync_ms']:.2f} ms/step (comm {r['comm_ms']:.2f}), val_acc {fmt(r['val_acc'], '.4f')}, "
                           f"time to {part['target_acc']} {fmt(r['time_to_target_s'])} s, wall {r['wall_s']:.1f} s "
-                          f"+ launch {r['launch_s']:.1f} s  [{time.time() - started:.0f} s elapsed]", flush=True)
+                          f"+ launch {r['launch_s']:.1f} s, load {r['load1_before']:.1f}->{r['load1_after']:.1f}  [{time.time() - started:.0f} s elapsed]", flush=True)
         params = param_count(part["hidden"])
-        parts[name] = {"settings": {**part, "params": params, "model": f"mlp 40-{'-'.join(map(str, part['hidden']))}-10",
+        parts[name] = {"settings": {**part, "params": params, "model": f"MLP 40-{'-'.join(map(str, part['hidden']))}-10",
                                     "batch_per_worker": 32, "run_length": f"{epochs4} epochs at 4 workers (same steps at other N)"
                                     if name == "part1" else f"{steps2} steps"},
                        "runs": runs, "by_workers": aggregate(runs, params)}
@@ -193,6 +197,7 @@ def main(argv=None) -> Dict[str, Any]:
         "aggregation": "median over seeds; ratios = dssync / ring of those medians; acc diff = 100 * (dssync - ring)",
         "target_note": "issue target: dssync sync time per step <= (g-1)/(N-1) * ring's + fixed overhead; "
                        "excess_over_target_ms = dssync sync - (g-1)/(N-1) * ring sync",
+        "load_note": LOAD_NOTE,
         "workers": workers, "seeds": seeds, "quick": args.quick, "total_runtime_s": time.time() - started,
         "environment": {"cpu_count": os.cpu_count(), "torch": torch.__version__, "lightning": lightning.__version__,
                         "horovod": horovod.__version__},
@@ -202,11 +207,11 @@ def main(argv=None) -> Dict[str, Any]:
     with open(args.output, "w") as f:
         json.dump(report, f, indent=2)
 
-    print(f"\n## Part 1: MNIST-1D, MLP {p1['settings']['model']} ({p1['settings']['params']:,} params), batch 32/worker, "
+    print(f"\n## Part 1: MNIST-1D, {p1['settings']['model']} ({p1['settings']['params']:,} params), batch 32/worker, "
           f"straggler none, device time EMULATED ({PART1['device_ms_per_sample']} ms/sample sleep); "
           f"median of {seeds} seed(s)\n")
     print(table1(p1["by_workers"]))
-    print(f"\n## Part 2: communication-bound, MLP {p2['settings']['model']} ({p2['settings']['params']:,} params), "
+    print(f"\n## Part 2: communication-bound, {p2['settings']['model']} ({p2['settings']['params']:,} params), "
           f"synthetic data, {steps2} steps, no emulated device time; median of {seeds} seed(s)\n")
     print(table2(p2["by_workers"]))
     for row in p2["by_workers"]:
@@ -216,7 +221,7 @@ def main(argv=None) -> Dict[str, Any]:
               f"{t:.3f} x ring by {row['excess_over_target_ms']:+.2f} ms/step")
     print(f"\nBytes: {BYTES_FORMULA}. Sync time: median over ranks of comm_s.mean + wait_s.mean.\n"
           f"dssync: group_size {G}, butterfly, sync=params. Results: {args.output}; runs under {run_root}; "
-          f"total {time.time() - started:.0f} s", flush=True)
+          f"total {time.time() - started:.0f} s\n{LOAD_NOTE}", flush=True)
     return report
 
 

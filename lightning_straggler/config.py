@@ -89,8 +89,33 @@ class BoaConfig:
                    f"null or {world_size} sizes >= 0 summing to global_batch ({self.global_batch})", sizes)
 
 
+@dataclass
+class DparConfig:
+    name: str = "dpar"
+    window_steps: int = 20  # steps between decision boundaries
+    slow_ratio: float = 1.5  # exclude when a worker's window median >= slow_ratio x the group's ...
+    strikeout_ratio: float = 5.0  # strike out when >= strikeout_ratio x the group's ...
+    strikeout_windows: int = 3  # ... for this many consecutive windows
+    readmit_ratio: float = 1.2  # re-admit when <= readmit_ratio x the group's ...
+    readmit_windows: int = 2  # ... for this many consecutive windows
+    min_active: int = 0  # never fewer active workers (0 = half, rounded up)
+    data_penalty: float = 0.5  # cost of omitting a worker's data shard, as a fraction of a worker-step
+    scale_lr: bool = False  # scale the learning rate with the active count
+
+    def validate(self, world_size: int) -> None:
+        from lightning_straggler.policies.dpar import DparThresholds
+
+        _check(self.window_steps >= 1, "algorithm.window_steps", ">= 1", self.window_steps)
+        try:
+            DparThresholds(self.slow_ratio, self.strikeout_ratio, self.strikeout_windows, self.readmit_ratio,
+                           self.readmit_windows, self.min_active, self.data_penalty).validate(world_size)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.{e}") from None
+
+
 # name -> schema; later algorithms add their entry here and a strategy in strategies/.
-ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig}
+ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig,
+                                      "dpar": DparConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------

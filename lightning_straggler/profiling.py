@@ -83,6 +83,10 @@ class StepRecorder:
         self._reset_pending()
         return record
 
+    def discard_step(self) -> None:
+        """Forget the step in progress (a batch the strategy skipped without computing)."""
+        self._reset_pending()
+
     def take_unsent(self) -> List[StepRecord]:
         out = self.records[self._sent:]
         self._sent = len(self.records)

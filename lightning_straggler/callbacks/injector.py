@@ -44,6 +44,9 @@ class StragglerInjector(Callback):
         self._samples = _batch_size(batch)
 
     def on_after_backward(self, trainer, pl_module) -> None:
+        skip = getattr(trainer.strategy, "skip_this_batch", None)
+        if skip is not None and skip():
+            return  # a batch the strategy passed over without computing takes no device time
         rank, step = self._rank_step(trainer)
         factor = self.schedule.factor(rank, step)
         measured = time.perf_counter() - self._t0

@@ -50,12 +50,12 @@ class WorkerProfiler(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         strategy = self._strategy(trainer)
-        if strategy.steps_done - self._gathered_at >= self.gather_every_n_steps:
+        if strategy.profile_gather_due(self._gathered_at, self.gather_every_n_steps):
             self._gather(trainer, strategy)
 
     def _gather(self, trainer, strategy) -> List[StepRecord]:
         """All ranks call this at the same step counts; rank 0 keeps everyone's new records."""
-        self._gathered_at = strategy.steps_done
+        self._gathered_at = strategy.profile_clock()
         mine = strategy.recorder.take_unsent()
         rows = torch.tensor([r.as_row() for r in mine], dtype=torch.float64).reshape(len(mine), len(COLUMNS))
         every = strategy.comm.allgather(rows, tag="profile")

@@ -186,8 +186,38 @@ class HorovodStrategy(ParallelStrategy):
         self.recorder.begin_batch(batch_size_of(batch))
         super().on_train_batch_start(batch, batch_idx)
 
+    def profile_clock(self) -> int:
+        """A step count that every rank agrees on at profile gathers (see :meth:`profile_gather_due`)."""
+        return self.steps_done
+
+    def profile_gather_due(self, last_gather_step: int, every: int) -> bool:
+        """Whether the profiler may run its all-gather now. It is a collective over every rank, so it
+        must come at a point every rank reaches at the same count: for lock-step algorithms, every
+        ``every`` steps; algorithms whose ranks drift apart override this."""
+        return self.steps_done - last_gather_step >= every
+
+    def skip_this_batch(self) -> bool:
+        """True when this rank must pass over the current batch without computing (and without
+        synchronising), e.g. an excluded or struck-out worker catching up with its group."""
+        return False
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.skip_this_batch():
+            # Lightning refuses None from training_step in distributed runs; a constant loss has no
+            # path to the parameters, so their gradients stay None and the optimizer leaves them alone.
+            return torch.zeros((), device=self.root_device, requires_grad=True)
+        return super().training_step(*args, **kwargs)
+
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
+        if self.skip_this_batch():
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            self.recorder.discard_step()
+            self.after_optimizer_step(optimizer)
+            self.steps_done += 1
+            return output
+
         def closure_then_synchronize() -> Any:
             result = closure()  # forward + backward (+ injected straggler delay)
             if self.root_device.type == "cuda":
