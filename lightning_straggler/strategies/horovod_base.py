@@ -16,7 +16,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -261,8 +261,12 @@ class HorovodStrategy(ParallelStrategy):
         return grads
 
     def record_event(self, kind: str, **details: Any) -> Dict[str, Any]:
+        """A decision or membership change: kept for ``summary.json`` and told to the log (rank 0)."""
         event = {"kind": kind, "step": self.steps_done, **details}
         self.events.append(event)
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in event.items()
+                          if k not in ("kind", "models", "schedule"))
+        rank_zero_info(f"[{self.strategy_name}] {kind}: {shown}")
         return event
 
     # --- Lightning's collectives ------------------------------------------------------------------
