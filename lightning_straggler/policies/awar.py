@@ -1,0 +1,94 @@
+"""Adaptive Weighted All-Reduce (AWAR): who trains in the synchronous group, and how models merge.
+
+Pure decision logic. At every merge point each rank's median compute time per step over the period
+(before any collective) is gathered; every rank classifies the same way:
+
+* ``group_time`` = median over the NORMAL ranks with a measurement (if none, over all measured);
+* a STRAGGLER whose ratio t / group_time <= ``recover_ratio`` rejoins the group (hysteresis: it left
+  at >= ``slow_ratio`` > ``recover_ratio``);
+* NORMAL ranks with ratio >= ``slow_ratio`` become stragglers, slowest first (ties by rank), while
+  at least ``min_group`` ranks stay NORMAL (0 = half the world, rounded up);
+* a rank with no measurement keeps its class (a straggler that did no step stays a straggler).
+
+Merging is a weighted model average ``sum_i w_i theta_i / sum_i w_i`` with ``w_i`` the number of
+gradient updates rank i contributed since the last average (``weighting="updates"``, the thesis: a
+group member counts the group's steps, a straggler its own local steps) or the samples it processed
+(``weighting="samples"``). A model that learned little moves the result little; a rank with zero
+updates has weight 0. If every weight is 0 nobody changed anything since the last average, and the
+average of the (identical) models is taken with equal weights.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+NORMAL, STRAGGLER = "normal", "straggler"
+WEIGHTINGS = ("updates", "samples")
+
+
+@dataclass(frozen=True)
+class AwarThresholds:
+    slow_ratio: float = 1.5
+    recover_ratio: float = 1.2
+    min_group: int = 0
+
+    def validate(self, world_size: int) -> None:
+        if not (math.isfinite(self.slow_ratio) and self.slow_ratio > 1.0):
+            raise ValueError(f"slow_ratio must be a finite number > 1 (got {self.slow_ratio!r})")
+        if not (1.0 <= self.recover_ratio < self.slow_ratio):
+            raise ValueError(f"recover_ratio must be in [1, slow_ratio) = [1, {self.slow_ratio}) (got {self.recover_ratio!r})")
+        if not (isinstance(self.min_group, int) and 0 <= self.min_group <= world_size):
+            raise ValueError(f"min_group must be an integer in 0..{world_size} (0 = half, rounded up) (got {self.min_group!r})")
+
+    def min_group_for(self, world_size: int) -> int:
+        return self.min_group or max(1, math.ceil(world_size / 2))
+
+
+def classify(times: Sequence[Optional[float]], states: Sequence[str],
+             thresholds: AwarThresholds) -> Tuple[List[str], List[Dict]]:
+    """New class per rank and the changes (rank, from_state, to_state, ratio, group_time, reason)."""
+    if len(times) != len(states):
+        raise ValueError(f"times and states must have one entry per rank ({len(times)} != {len(states)})")
+    measured = [(i, t) for i, t in enumerate(times) if t is not None and math.isfinite(t)]
+    normal = [t for i, t in measured if states[i] == NORMAL]
+    pool = normal or [t for _, t in measured]
+    new = list(states)
+    if not pool:
+        return new, []
+    group_time = statistics.median(pool)
+
+    def ratio(t: float) -> float:
+        return t / group_time if group_time > 0 else (1.0 if t == 0 else math.inf)
+
+    changes = []
+    for i, t in measured:
+        if states[i] == STRAGGLER and ratio(t) <= thresholds.recover_ratio:
+            new[i] = NORMAL
+            changes.append(dict(rank=i, from_state=STRAGGLER, to_state=NORMAL, ratio=ratio(t),
+                                group_time=group_time, reason="recovered"))
+    floor = thresholds.min_group_for(len(states))
+    candidates = sorted(((ratio(t), i) for i, t in measured if states[i] == NORMAL and ratio(t) >= thresholds.slow_ratio),
+                        key=lambda c: (-c[0], c[1]))
+    for r, i in candidates:
+        if sum(s == NORMAL for s in new) - 1 < floor:
+            break
+        new[i] = STRAGGLER
+        changes.append(dict(rank=i, from_state=NORMAL, to_state=STRAGGLER, ratio=r, group_time=group_time,
+                            reason="slow"))
+    changes.sort(key=lambda c: c["rank"])
+    return new, changes
+
+
+def average_weights(updates: Sequence[float], samples: Sequence[float], weighting: str = "updates") -> List[float]:
+    """Normalised merge weights (sum 1)."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")
+    raw = [float(x) for x in (updates if weighting == "updates" else samples)]
+    if any(x < 0 or not math.isfinite(x) for x in raw):
+        raise ValueError(f"weights must be finite and >= 0 (got {raw})")
+    total = sum(raw)
+    if total == 0:
+        return [1.0 / len(raw)] * len(raw)
+    return [x / total for x in raw]
