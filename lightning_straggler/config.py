@@ -113,9 +113,29 @@ class DparConfig:
             raise ConfigError(f"algorithm.{e}") from None
 
 
+@dataclass
+class AwarConfig:
+    name: str = "awar"
+    period_steps: int = 20  # also merge every N steps (0 = only at epoch ends, validation and the end)
+    slow_ratio: float = 1.5  # straggler when its median compute >= slow_ratio x the group's
+    recover_ratio: float = 1.2  # rejoins the group when <= recover_ratio x the group's
+    min_group: int = 0  # never fewer in the synchronous group (0 = half, rounded up)
+    weighting: str = "updates"  # updates (the thesis) | samples
+
+    def validate(self, world_size: int) -> None:
+        from lightning_straggler.policies.awar import WEIGHTINGS, AwarThresholds
+
+        _check(self.period_steps >= 0, "algorithm.period_steps", ">= 0 (0 = only at epoch ends)", self.period_steps)
+        _check(self.weighting in WEIGHTINGS, "algorithm.weighting", f"one of {', '.join(WEIGHTINGS)}", self.weighting)
+        try:
+            AwarThresholds(self.slow_ratio, self.recover_ratio, self.min_group).validate(world_size)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.{e}") from None
+
+
 # name -> schema; later algorithms add their entry here and a strategy in strategies/.
 ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig,
-                                      "dpar": DparConfig}
+                                      "dpar": DparConfig, "awar": AwarConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------

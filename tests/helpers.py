@@ -7,6 +7,8 @@ import psutil
 import torch
 from lightning.pytorch import Callback
 
+from lightning_straggler.strategies.awar import AwarStrategy
+
 
 def flat_params(module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
@@ -53,3 +55,17 @@ class Snapshots(Callback):
         done = trainer.strategy.steps_done - 1
         if done in self.steps:
             trainer.callback_metrics[f"params_after_step{done}"] = trainer.strategy.all_gather(flat_params(pl_module)).clone()
+
+
+class ClosedFormAwar(AwarStrategy):
+    """Gathers every rank's parameters and the weights before each average and checks the result
+    against sum_i w_i theta_i computed here; the largest error goes to the run report (rank 0)."""
+
+    def weighted_average(self, weights, leader):
+        before = self.all_gather(flat_params(self.lightning_module))  # (world, n)
+        expected = sum(w * before[i] for i, w in enumerate(weights))
+        super().weighted_average(weights, leader)
+        error = (flat_params(self.lightning_module) - expected).abs().max().item()
+        if self.global_rank == 0:
+            self.run_report.setdefault("average_errors", []).append(error)
+            self.run_report.setdefault("average_weights", []).append(list(weights))

@@ -73,3 +73,16 @@ def test_rank_slice_concatenates_to_the_global_batch():
     pieces = [rank_slice(perm, 2, sizes, r) for r in range(4)]
     assert pieces[1] == ([perm[20]], True)
     assert pieces[0][0] + pieces[2][0] + pieces[3][0] == perm[20:30]
+
+
+def test_time_model_does_not_turn_settled_noise_into_a_free_worker():
+    from lightning_straggler.strategies.boa import BoaStrategy
+
+    # a settled allocation: batch sizes 44..46, noisy times around 5 ms/sample
+    settled = [(44, 0.230), (45, 0.221), (46, 0.226), (45, 0.229)]
+    m = BoaStrategy._time_model(settled, 45)
+    assert m.intercept_s == 0.0 and m.per_sample_s > 0.004
+    # well-spread sizes: the least-squares line (10 ms + 2 ms/sample) is kept
+    spread = [(8, 0.026), (16, 0.042), (32, 0.074)]
+    m = BoaStrategy._time_model(spread, 16)
+    assert abs(m.intercept_s - 0.010) < 1e-3 and abs(m.per_sample_s - 0.002) < 1e-4

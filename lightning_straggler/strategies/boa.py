@@ -16,6 +16,7 @@ summed over ranks, which is the gradient of the global batch's mean loss; the le
 """
 from __future__ import annotations
 
+import statistics
 from typing import Iterator, List, Optional, Sequence
 
 import torch
@@ -143,10 +144,7 @@ class BoaStrategy(HorovodStrategy):
         samples = [[(b, t) for rank, b, t in (p for window in self._points for p in window) if int(rank) == i]
                    for i in range(n)]
         current = list(self.schedule.at(from_step))
-        models = []
-        for i, pts in enumerate(samples):
-            real = [(b, t) for b, t in pts if current[i] > 0 or b > 1] or pts  # skip placeholder points when possible
-            models.append(boa_policy.fit_linear_time_model([b for b, _ in real], [t for _, t in real]))
+        models = [self._time_model(pts, current[i]) for i, pts in enumerate(samples)]
         measured = self._allreduce_cost_s()
 
         def allreduce_cost_s(k: int) -> float:
@@ -164,6 +162,22 @@ class BoaStrategy(HorovodStrategy):
                 "predicted_step_s_before": predicted_now, "predicted_step_s_after": plan.predicted_step_time_s,
                 "predicted_gain": gain,
                 "models": [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in models]}
+
+    @staticmethod
+    def _time_model(points: List[tuple], current: int) -> "boa_policy.LinearTimeModel":
+        """Least squares where the batch sizes spread enough to tell slope from intercept; otherwise
+        (and whenever the fit puts less than half the time on the samples) time proportional to the
+        batch. Once an allocation settles, each rank's sizes barely move, and a free fit then turns
+        noise into a zero slope: the planner would treat that rank as free and pile samples on it."""
+        real = [(b, t) for b, t in points if current > 0 or b > 1] or points  # skip placeholder points when possible
+        sizes, times = [b for b, _ in real], [t for _, t in real]
+        per_sample = float(statistics.median(t / b for b, t in real))
+        proportional = boa_policy.LinearTimeModel(0.0, max(per_sample, boa_policy.PER_SAMPLE_FLOOR_S))
+        mean_b = sum(sizes) / len(sizes)
+        if max(sizes) - min(sizes) < 0.25 * mean_b:
+            return proportional
+        fitted = boa_policy.fit_linear_time_model(sizes, times)
+        return fitted if fitted.per_sample_s >= 0.5 * per_sample else proportional
 
     def _allreduce_cost_s(self) -> float:
         # rank 0's fastest recent all-reduce: the transfer alone, without waiting for stragglers

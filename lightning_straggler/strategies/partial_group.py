@@ -48,7 +48,8 @@ class PartialGroupStrategy(HorovodStrategy):
             raise ValueError(f"window_steps must be an integer >= 1 (got {window_steps!r})")
         self.window_steps = window_steps
         self.position = 0  # batches started since fit began; the current batch is position - 1
-        self.boundary_waits: List[float] = []  # seconds this rank spent in each boundary's exchange
+        # (seconds this rank spent in each boundary's signal + exchange, whether a rank was outside)
+        self.boundary_waits: List[Tuple[float, bool]] = []
         self._synced_through = -1  # boundaries up to this position are done; batches up to it are skipped
         self._signal: Optional[Any] = None  # an outside rank's pending boundary signal
         self._window_start = 0  # first recorder record of the current window
@@ -149,7 +150,7 @@ class PartialGroupStrategy(HorovodStrategy):
         median = statistics.median([r.compute_s for r in window]) if window else math.nan
         mine = [float(self.global_rank), median, float(self._samples), float(self._steps), float(self._local_steps)]
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
-        self.boundary_waits.append(time.perf_counter() - started)
+        self.boundary_waits.append((time.perf_counter() - started, len(old_group) < self.world_size))
 
         self.on_boundary(rows, old_group, position)
 

@@ -1,0 +1,99 @@
+"""``awar``: Adaptive Weighted All-Reduce (AWAR thesis).
+
+Profiling classifies stragglers (``policies/awar.py``). The normal group all-reduces gradients every
+step in its own process set while stragglers train asynchronously on their own copy of the model:
+local steps on their own shard, nobody waits for them (the boundary protocol is in
+``partial_group.py``). At every epoch end, before validation, at the end of training and, with
+``period_steps`` > 0, every ``period_steps`` steps, a weighted model average merges everyone:
+``theta = sum_i w_i theta_i / sum_i w_i`` with w_i the gradient updates rank i contributed since the
+last average (``weighting="updates"``: a group member counts the group's steps, a straggler its own
+local steps) or its samples (``weighting="samples"``). Then classification is re-evaluated on the
+period's compute times and recovered stragglers rejoin the group.
+
+What the average does to the rest of the training state (documented choice, tested):
+* parameters and floating-point buffers (e.g. batch-norm running statistics): the weighted average;
+* optimizer state (momentum, Adam moments and step counts) and integer buffers: the group leader's,
+  broadcast to everyone. Averaging moments of models that took different paths has no clear meaning,
+  and the group's state belongs to the model that contributed most of the updates.
+Batches a straggler passes over to catch up with the group at a merge are not trained on.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_straggler.policies.awar import NORMAL, STRAGGLER, WEIGHTINGS, AwarThresholds, average_weights, classify
+from lightning_straggler.strategies.partial_group import MEDIAN_COMPUTE, SAMPLES, STEPS, PartialGroupStrategy
+
+EPOCH_ONLY = 10**12  # "window" length when merges happen only at epoch ends / validation / the end
+
+
+class AwarStrategy(PartialGroupStrategy):
+    strategy_name = "awar"
+
+    def __init__(self, period_steps: int = 0, slow_ratio: float = 1.5, recover_ratio: float = 1.2,
+                 min_group: int = 0, weighting: str = "updates", **kwargs: Any) -> None:
+        if not isinstance(period_steps, int) or period_steps < 0:
+            raise ValueError(f"period_steps must be an integer >= 0 (0 = only at epoch ends) (got {period_steps!r})")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")
+        super().__init__(window_steps=period_steps or EPOCH_ONLY, **kwargs)
+        self.period_steps, self.weighting = period_steps, weighting
+        self.thresholds = AwarThresholds(slow_ratio=slow_ratio, recover_ratio=recover_ratio, min_group=min_group)
+        self.states: List[str] = []
+
+    @override
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        self.thresholds.validate(self.world_size)
+        self.states = [NORMAL] * self.world_size
+
+    @override
+    def group(self) -> Tuple[int, ...]:
+        return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(self.world_size))
+
+    def model_tensors(self) -> List[Tensor]:
+        """What the weighted average covers: parameters and floating-point buffers."""
+        module = self.lightning_module
+        return [p.data for p in module.parameters()] + [b.data for b in module.buffers() if b.is_floating_point()]
+
+    def weighted_average(self, weights: List[float], leader: int) -> None:
+        """theta <- sum_i w_i theta_i (weights sum to 1): one all-reduce of the weighted tensors; then the
+        leader's optimizer state and integer buffers for everyone."""
+        tensors = self.model_tensors()
+        for t in tensors:
+            t.mul_(weights[self.global_rank])
+        self.comm.allreduce_grouped_(tensors, op="sum", tag="awar_average")
+        module = self.lightning_module
+        for name, buffer in module.named_buffers():
+            if not buffer.is_floating_point():
+                self.comm.broadcast_(buffer.data, root=leader, tag=f"buffer.{name}")
+        for i, optimizer in enumerate(self.optimizers):
+            state = self.comm.broadcast_object(optimizer.state_dict(), root=leader, tag=f"optimizer{i}")
+            if self.global_rank != leader:
+                optimizer.load_state_dict(state)
+
+    @override
+    def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
+        if len(old_group) < self.world_size:  # someone trained on its own copy: merge
+            updates, samples = [r[STEPS] for r in rows], [r[SAMPLES] for r in rows]
+            weights = average_weights(updates, samples, self.weighting)
+            self.weighted_average(weights, leader=old_group[0])
+            self.record_event("average", step=position, weighting=self.weighting, weights=weights,
+                              updates=[int(u) for u in updates], samples=[int(s) for s in samples],
+                              stragglers=[r for r in range(self.world_size) if r not in old_group])
+        times = [None if r[MEDIAN_COMPUTE] != r[MEDIAN_COMPUTE] else r[MEDIAN_COMPUTE] for r in rows]  # NaN -> None
+        self.states, changes = classify(times, self.states, self.thresholds)
+        for change in changes:
+            self.record_event("classification", step=position, **change)
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.global_rank == 0:
+            self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
+
+
+__all__ = ["AwarStrategy", "NORMAL", "STRAGGLER"]

@@ -1,0 +1,65 @@
+"""AWAR with real Horovod workers at 4 ranks."""
+import json
+
+import pytest
+
+from lightning_straggler import AwarStrategy
+from lightning_straggler.callbacks import StragglerInjector
+from lightning_straggler.policies.injection import RandomSchedule, SlowdownEvent, TransientSchedule
+from tests.helpers import ClosedFormAwar, RankSpread, flat_params
+from tests.test_ring_multiprocess import fit, make_model
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_without_stragglers_awar_trains_exactly_like_ring():
+    steps = 12
+    ring = make_model()
+    fit(ring, "ring", 4, 8, steps)
+    awar = make_model()
+    strategy = AwarStrategy(period_steps=5)
+    fit(awar, strategy, 4, 8, steps, callbacks=[StragglerInjector(device_ms_per_sample=4.0)])
+    assert [e for e in strategy.run_report["events"] if e["kind"] == "classification"] == []
+    assert (flat_params(awar) - flat_params(ring)).abs().max().item() < 1e-5
+
+
+def test_weighted_average_matches_the_closed_form_and_the_group_waits_at_most_a_straggler_step():
+    # rank 3 is 10x slower: 2 ms/sample x 8 samples x 10 = 160 ms of emulated device time per step
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(3, 10.0, 0, None)]), device_ms_per_sample=2.0)
+    strategy = ClosedFormAwar(period_steps=6)
+    trainer = fit(make_model(), strategy, 4, 8, 36, callbacks=[injector, RankSpread()])
+    report = strategy.run_report
+    averages = [e for e in report["events"] if e["kind"] == "average"]
+    assert averages, report["events"]
+    assert max(report["average_errors"]) < 1e-6
+    for event, weights in zip(averages, report["average_weights"]):
+        updates = event["updates"]
+        assert weights == pytest.approx([u / sum(updates) for u in updates])  # w_i = u_i / sum u
+        assert event["stragglers"] == [3] and updates[3] < updates[0]  # the straggler did fewer local steps
+    straggler_step_s = 10 * 2.0 * 8 / 1000
+    waits = report["group_boundary_waits_s"]
+    assert waits and max(waits) < 2 * straggler_step_s + 0.25, waits  # about one straggler step, plus slack
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_random_straggler_schedules_always_finish():
+    for seed in range(2):
+        injector = StragglerInjector(RandomSchedule(seed, 0.4, 2.0, 12.0, 1, 10, 4), device_ms_per_sample=0.5)
+        strategy = AwarStrategy(period_steps=3)
+        trainer = fit(make_model(seed), strategy, 4, 8, 24, callbacks=[injector, RankSpread()],
+                      limit_val_batches=2, val_check_interval=7)
+        assert trainer.state.finished
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+def test_cli_awar_summary(tmp_path, cli):
+    out = tmp_path / "run"
+    res = cli("algorithm=awar", "algorithm.period_steps=5", "trainer=quick", "trainer.devices=4", "straggler=transient",
+              "straggler.events=[{rank:1,factor:4.0,start_step:0,end_step:30}]", "data=synthetic",
+              "trainer.max_steps=30", "profiler.plot=false", f"output_dir={out}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    kinds = [e["kind"] for e in summary["events"]]
+    assert "classification" in kinds and "average" in kinds
+    average = [e for e in summary["events"] if e["kind"] == "average"][0]
+    assert sum(average["weights"]) == pytest.approx(1.0)
