@@ -1,0 +1,76 @@
+"""``awar``: the partial-group protocol with AWAR's decisions (``policies/awar.classify`` and
+``average_weights``).
+
+At a boundary where someone trained outside the group, the weighted model average is one all-reduce
+of the parameters over everyone plus a broadcast of the leader's optimizer state
+(allreduce(N, grad_bytes) + broadcast(N, state_bytes - grad_bytes)), as ``AwarStrategy.weighted_average``.
+Stragglers' local steps count: their updates enter the average with their weight.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from lightning_straggler.policies.awar import (
+    NORMAL,
+    AwarThresholds,
+    average_weights,
+    classify,
+)
+from lightning_straggler.sim.network import Network
+from lightning_straggler.sim.partial_group import (
+    GroupPolicy,
+    Row,
+    simulate_partial_group,
+)
+from lightning_straggler.sim.result import SimResult
+from lightning_straggler.sim.workload import Workload
+
+
+def _median_or_none(times: Sequence[float]) -> float | None:
+    # the strategy takes statistics.median of the window's compute times (NaN, i.e. None, when empty)
+    return float(statistics.median(times)) if len(times) else None
+
+
+class AwarPolicy(GroupPolicy):
+    name = "awar"
+
+    def __init__(self, world_size: int, period_steps: int = 20, thresholds: AwarThresholds | None = None,
+                 weighting: str = "updates") -> None:
+        self.window_steps = period_steps or 10**12  # 0: merges only at sync points, as the strategy
+        self.thresholds = thresholds or AwarThresholds()
+        self.thresholds.validate(world_size)
+        self.weighting = weighting
+        self.states = [NORMAL] * world_size
+        self.events: list[dict] = []
+
+    def group(self) -> tuple[int, ...]:
+        return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(len(self.states)))
+
+    def counts_local_samples(self) -> bool:
+        return True
+
+    def on_boundary(self, rows: list[Row], old_group: tuple[int, ...], position: int) -> None:
+        if len(old_group) < len(rows):
+            updates, samples = [row[3] for row in rows], [row[2] for row in rows]
+            weights = average_weights(updates, samples, self.weighting)
+            self.events.append({"kind": "average", "step": position, "weights": weights, "updates": updates,
+                                "stragglers": [r for r in range(len(rows)) if r not in old_group]})
+        self.states, changes = classify([row[1] for row in rows], self.states, self.thresholds)
+        for change in changes:
+            self.events.append({"kind": "classification", "step": position, **change})
+
+    def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
+        n = workload.world_size
+        if len(old_group) < n:
+            return (network.allreduce_s(n, workload.grad_bytes)
+                    + network.broadcast_s(n, max(0.0, workload.model_state_bytes - workload.grad_bytes)))
+        return 0.0
+
+
+def simulate_awar(workload: Workload, network: Network, period_steps: int = 20,
+                  thresholds: AwarThresholds | None = None, weighting: str = "updates") -> SimResult:
+    policy = AwarPolicy(workload.world_size, period_steps, thresholds, weighting)
+    result = simulate_partial_group(workload, network, policy, _median_or_none)
+    result.notes = f"final group: {len(policy.group())} of {workload.world_size}"
+    return result

@@ -1,0 +1,135 @@
+"""The boundary protocol shared by ``dpar`` and ``awar`` (``strategies/partial_group.py``), step by step.
+
+Between boundaries the group (the ranks in ``group``) runs lock-step: a step lasts
+max over members of compute + allreduce(|group|) + loop_overhead. A rank outside the group that still
+computes does local steps back to back (compute + loop_overhead each, no communication) on the
+positions after the last boundary; one that does not compute (DPAR's struck-out) waits.
+
+Boundaries come after position p when (p + 1) is a multiple of ``window_steps`` and at the
+workload's sync points (epoch ends, validations, the last step), as ``PartialGroupStrategy._is_boundary``.
+At a boundary:
+
+1. the group has finished position p at time T; an outside rank meets the group's signal when it
+   polls, i.e. at the end of the local step it is in at T (or, if it reached position p itself, it
+   blocks until T). The boundary starts when the last of them arrives;
+2. everyone all-gathers its window numbers (median compute per step, samples, steps, local steps):
+   allgather(N, boundary_bytes);
+3. the algorithm decides (the project's policy) and merges (its cost, from the algorithm);
+4. a new group that leaves someone out needs a process set: one more small collective over all;
+5. outside ranks pass over the batches up to p (``skip_batch_s`` each) and everyone continues at p + 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Callable, Optional
+
+import numpy as np
+
+from lightning_straggler.sim.network import Network
+from lightning_straggler.sim.result import SimResult, ideal_throughput
+from lightning_straggler.sim.workload import Workload
+
+#: The per-rank row gathered at a boundary, as the strategy's (RANK, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS).
+Row = tuple[int, Optional[float], int, int, int]
+
+
+class GroupPolicy:
+    """What dpar and awar plug into the protocol (mirrors ``PartialGroupStrategy``'s abstract methods)."""
+
+    name = "partial"
+    window_steps = 20
+
+    def group(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def computes_outside_group(self, rank: int) -> bool:
+        return True
+
+    def on_boundary(self, rows: list[Row], old_group: tuple[int, ...], position: int) -> None:
+        raise NotImplementedError
+
+    def merge_cost_s(self, old_group: tuple[int, ...], new_group: tuple[int, ...], network: Network,
+                     workload: Workload) -> float:
+        return 0.0
+
+    def counts_local_samples(self) -> bool:
+        """Whether samples of local steps outside the group reach the model (awar: yes; dpar: no)."""
+        return False
+
+    events: list[dict]
+
+
+def simulate_partial_group(workload: Workload, network: Network, policy: GroupPolicy,
+                           window_median: Callable[[Sequence[float]], float | None]) -> SimResult:
+    n, steps, b = workload.world_size, workload.steps, workload.batch_per_worker
+    loop = workload.loop_overhead_s
+    time_now = 0.0  # when everyone left the last boundary
+    free_at = np.zeros(n)  # when each rank may start its next step after the last boundary (skip cost)
+    per_rank_steps = np.zeros(n, dtype=np.int64)
+    local_steps = np.zeros(n, dtype=np.int64)  # steps outside the group since last (re)joining it
+    samples = 0.0
+    step_times: list[float] = []
+    step_samples: list[float] = []
+    start = 0
+    while start < steps:
+        end = start
+        while not ((end + 1) % policy.window_steps == 0 or workload.is_sync_point(end)):
+            end += 1
+        group = policy.group()
+        in_group = set(group)
+        members = np.asarray(group, dtype=np.int64)
+        positions = np.arange(start, end + 1)
+        # group members: lock-step
+        compute = workload.compute_s(members[:, None], positions[None, :])
+        group_steps = compute.max(axis=0) + network.allreduce_s(len(group), workload.grad_bytes) + loop
+        begin = float(free_at[members].max()) if len(group) else time_now
+        t_group = begin + float(group_steps.sum())
+        step_times.extend(group_steps.tolist())
+        medians: list[float | None] = [None] * n
+        steps_in_window = np.zeros(n, dtype=np.int64)
+        for k, r in enumerate(group):
+            medians[r] = window_median(compute[k])
+            steps_in_window[r] = len(positions)
+        samples += float(len(group) * b * len(positions))
+        step_samples.extend([float(len(group) * b)] * len(positions))
+        # outside ranks: local steps until they meet the signal
+        arrive = t_group
+        for r in range(n):
+            if r in in_group or not policy.computes_outside_group(r):
+                continue
+            t, times = float(free_at[r]), []
+            for q in positions:
+                if t >= t_group:
+                    break  # polled the signal between two local steps
+                c = float(workload.compute_s(r, q))
+                times.append(c)
+                t += c + loop
+            arrive = max(arrive, t)
+            medians[r] = window_median(times) if times else None
+            steps_in_window[r] = len(times)
+            local_steps[r] += len(times)
+            if policy.counts_local_samples():
+                samples += float(b * len(times))
+                step_samples[-1] += float(b * len(times))  # credited at the merge that uses them
+        per_rank_steps += steps_in_window
+        rows: list[Row] = [(r, medians[r], int(steps_in_window[r] * b), int(steps_in_window[r]), int(local_steps[r]))
+                           for r in range(n)]
+        t = arrive + network.allgather_s(n, workload.boundary_bytes)
+        policy.on_boundary(rows, group, end)
+        new_group = policy.group()
+        t += policy.merge_cost_s(group, new_group, network, workload)
+        if len(new_group) < n and new_group != group:
+            t += network.allgather_s(n, workload.boundary_bytes)  # adding a Horovod process set: a collective over all
+        for r in set(new_group) - in_group:
+            local_steps[r] = 0
+        step_times[-1] += t - t_group  # the boundary belongs to the window's last step
+        time_now = t
+        free_at[:] = t
+        for r in set(range(n)) - in_group:
+            if steps_in_window[r]:  # it computed outside: it passes over the batches up to the group's position
+                free_at[r] = t + (len(positions) - steps_in_window[r]) * workload.skip_batch_s
+        start = end + 1
+    return SimResult(policy.name, n, network.name, time_now, samples, np.asarray(step_times),
+                     ideal_throughput(workload, network), per_rank_steps=per_rank_steps.tolist(),
+                     step_samples=np.asarray(step_samples),
+                     events=policy.events)

@@ -1,0 +1,172 @@
+"""The scale simulator against closed forms and against the policies it must defer to (no processes)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lightning_straggler.policies import boa as boa_policy
+from lightning_straggler.policies import injection as inj
+from lightning_straggler.sim import (
+    ETHERNET_25G,
+    FREE,
+    INFINIBAND_200G,
+    Network,
+    Workload,
+    factor_matrix,
+    simulate,
+)
+from lightning_straggler.sim.boa import rebalance_decision
+
+MIX = [1.0, 1.0, 1.0, 1 / 0.6, 1 / 0.6, 1 / 0.6, 1 / 0.3, 1 / 0.3]
+
+
+def workload(n=8, straggler=None, **kw):
+    base = {"world_size": n, "batch_per_worker": 32, "per_sample_s": 2e-3, "steps": 120, "grad_bytes": 4e6, "straggler": straggler}
+    base.update(kw)
+    return Workload(**base)
+
+
+def test_network_formulas_and_single_worker_costs_nothing():
+    net = Network("t", alpha_s=1e-5, beta_s_per_byte=1e-9)
+    assert net.allreduce_s(8, 1e6) == pytest.approx(2 * 7 * 1e-5 + 2 * 7 / 8 * 1e6 * 1e-9)
+    assert net.allgather_s(4, 100) == pytest.approx(3 * (1e-5 + 100e-9))
+    assert net.broadcast_s(5, 1e6) == pytest.approx(3 * 1e-5 + 1e-3)
+    assert net.allreduce_s(1, 1e9) == net.broadcast_s(1, 1e9) == net.allgather_s(1, 1e9) == 0.0
+    assert ETHERNET_25G.beta_s_per_byte == pytest.approx(8 / 25e9)
+    assert INFINIBAND_200G.beta_s_per_byte == pytest.approx(8 / 200e9)
+
+
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_ring_without_stragglers_is_compute_plus_allreduce(n):
+    w = workload(n, overhead_s=0.004, loop_overhead_s=0.001, grad_bytes=102.4e6)
+    net = ETHERNET_25G
+    compute = 0.004 + 2e-3 * 32
+    allreduce = 2 * (n - 1) * net.alpha_s + 2 * (n - 1) / n * 102.4e6 * net.beta_s_per_byte
+    result = simulate("ring", w, net)
+    assert np.allclose(result.step_times_s, compute + allreduce + 0.001)
+    assert result.throughput_samples_per_s == pytest.approx(n * 32 / (compute + allreduce + 0.001))
+
+
+def test_factor_matrix_equals_the_schedule_pointwise():
+    schedules = [inj.StaticSchedule([1.0, 3.0]),
+                 inj.TransientSchedule([inj.SlowdownEvent(1, 4.0, 5, 9), inj.SlowdownEvent(1, 2.0, 7, None)]),
+                 inj.RandomSchedule(3, 0.4, 2.0, 5.0, 2, 9, 5)]
+    for schedule in schedules:
+        f = factor_matrix(schedule, 4, 40)
+        expected = np.array([[schedule.factor(r, s) for s in range(40)] for r in range(4)])
+        assert np.array_equal(f, expected), schedule.describe()
+
+
+def test_boa_settles_on_the_solver_step_time_for_a_static_mix():
+    w = workload(8, {"scenario": "static", "factors": MIX}, steps=60)
+    result = simulate("boa", w, FREE, window_steps=10)
+    models = [boa_policy.LinearTimeModel(0.0, f * 2e-3) for f in MIX]
+    best = boa_policy.plan(models, 8 * 32)
+    assert result.events, "boa never re-planned under a static mix"
+    assert result.events[-1]["batch_sizes"] == best.batch_sizes
+    assert result.step_times_s[-1] == pytest.approx(best.predicted_step_time_s, rel=1e-9)
+    assert best.predicted_step_time_s < max(MIX) * 32 * 2e-3  # and it is a real gain over the even split
+
+
+def test_backup_with_zero_backups_is_ring_and_one_backup_hides_one_straggler():
+    scenario = {"scenario": "random", "seed": 1, "probability": 0.3, "factor_min": 2, "factor_max": 6,
+                "duration_min": 3, "duration_max": 10, "window_steps": 10}
+    w = workload(8, scenario, jitter_cv=0.05)
+    ring, backup0 = simulate("ring", w, ETHERNET_25G), simulate("backup", w, ETHERNET_25G, backups=0)
+    assert np.array_equal(ring.step_times_s, backup0.step_times_s)
+    assert backup0.train_samples == ring.train_samples
+    slow = workload(8, {"scenario": "static", "factors": [1.0] * 7 + [10.0]})
+    backup1 = simulate("backup", slow, ETHERNET_25G, backups=1)
+    step = 2e-3 * 32 + ETHERNET_25G.allreduce_s(8, 4e6)
+    assert backup1.throughput_samples_per_s == pytest.approx(7 * 32 / step)
+
+
+def test_dpar_strikes_out_a_permanent_heavy_straggler_and_approaches_the_smaller_ring():
+    n = 8
+    w = workload(n, {"scenario": "static", "factors": [1.0] * (n - 1) + [20.0]}, steps=400)
+    result = simulate("dpar", w, INFINIBAND_200G)
+    last = {}
+    for e in result.events:
+        last[e["rank"]] = e["to_state"]
+    assert last == {n - 1: "struck_out"}
+    reference = simulate("ring", workload(n - 1, steps=400), INFINIBAND_200G).throughput_samples_per_s
+    assert result.tail_throughput() == pytest.approx(reference, rel=0.03)
+    assert result.tail_throughput() > 5 * simulate("ring", w, INFINIBAND_200G).throughput_samples_per_s
+
+
+def test_awar_merge_weights_are_the_normalised_updates():
+    events = [inj.SlowdownEvent(2, 6.0, 10, 70)]
+    w = workload(4, inj.TransientSchedule(events), steps=100)
+    result = simulate("awar", w, ETHERNET_25G, period_steps=20)
+    averages = [e for e in result.events if e["kind"] == "average"]
+    assert averages, "the straggler was never classified out"
+    for e in averages:
+        assert sum(e["weights"]) == pytest.approx(1.0)
+        total = sum(e["updates"])
+        assert e["weights"] == pytest.approx([u / total for u in e["updates"]])
+        assert e["stragglers"] == [2]
+        assert e["updates"][2] <= e["updates"][0]
+    assert averages[0]["updates"][2] < averages[0]["updates"][0]  # while slow it contributed fewer local steps
+
+
+def test_async_throughput_is_the_sum_of_the_workers_rates():
+    w = workload(6, {"scenario": "static", "factors": [1.0, 2.0, 3.0, 1.0, 5.0, 1.5]}, overhead_s=0.01)
+    rates = [32 / (f * (0.01 + 2e-3 * 32)) for f in [1.0, 2.0, 3.0, 1.0, 5.0, 1.5]]
+    result = simulate("async", w, FREE)
+    assert result.throughput_samples_per_s == pytest.approx(sum(rates))
+    assert result.efficiency == pytest.approx(1.0)
+
+
+def test_dssync_with_one_group_of_everyone_is_ring():
+    w = workload(4, {"scenario": "static", "factors": [1.0, 1.0, 2.0, 1.0]}, jitter_cv=0.1, steps_per_epoch=30)
+    ring, dssync = simulate("ring", w, ETHERNET_25G), simulate("dssync", w, ETHERNET_25G, group_size=4)
+    assert dssync.wall_s == pytest.approx(ring.wall_s)
+
+
+def test_dssync_contains_a_straggler_to_its_group_for_one_step():
+    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 5, "end_step": 6}]},
+                 steps=6)
+    result = simulate("dssync", w, FREE, group_size=2)
+    ring = simulate("ring", w, FREE)
+    assert result.wall_s == pytest.approx(ring.wall_s)  # the one slow step ends the run either way
+    short = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
+                     steps=2, steps_per_epoch=0)
+    assert simulate("dssync", short, FREE).wall_s == pytest.approx(simulate("ring", short, FREE).wall_s)
+
+
+def test_rebalance_decision_matches_the_strategy():
+    from lightning_straggler.strategies.boa import BoaStrategy
+
+    rng = np.random.default_rng(0)
+    n, total = 5, 160
+    current = [32] * n
+    points = [[(32.0, float(f * 32 * 1e-3 * (1 + 0.02 * rng.standard_normal()))) for _ in range(10)]
+              for f in [1.0, 1.0, 1.7, 3.3, 1.2]]
+    ours = rebalance_decision(points, current, total, rebalance_gain=0.05)
+
+    class Schedule:
+        global_batch = total
+
+        @staticmethod
+        def at(step):
+            return current
+
+    stub = SimpleNamespace(world_size=n, _points=[[(float(i), b, t) for i in range(n) for b, t in points[i]]],
+                           schedule=Schedule, _time_model=BoaStrategy._time_model, _allreduce_cost_s=lambda: 0.0,
+                           min_local_batch=1, max_local_batch=0, tune_workers=False, rebalance_gain=0.05)
+    theirs = BoaStrategy._decide(stub, 12)
+    assert ours is not None and theirs is not None
+    assert ours["batch_sizes"] == theirs["batch_sizes"]
+    assert ours["predicted_gain"] == pytest.approx(theirs["predicted_gain"])
+
+
+def test_counted_samples_follow_the_summary_rules():
+    w = workload(8, {"scenario": "static", "factors": [1.0] * 7 + [20.0]}, steps=200)
+    dpar, awar = simulate("dpar", w, FREE), simulate("awar", w, FREE)
+    # dpar discards the excluded worker's local steps; awar keeps them (they enter the weighted average)
+    assert dpar.train_samples <= 8 * 32 * 200 - 32 * (200 - 20)
+    assert awar.train_samples > 7 * 32 * 200
+    assert not math.isnan(dpar.efficiency) and 0 < dpar.efficiency <= 1.0
