@@ -1,7 +1,11 @@
 """DPAR with real Horovod workers at 4 ranks."""
 import json
 
+import lightning.pytorch as pl
 import pytest
+import torch
+from lightning.pytorch import Callback
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_straggler import DparStrategy
 from lightning_straggler.callbacks import StragglerInjector
@@ -77,3 +81,57 @@ def test_cli_dpar_summary_has_decisions(tmp_path, cli):
     for key in ("step", "ratio", "keep_cost", "exclude_cost", "from_state"):
         assert key in moves[0]
     assert summary["train_samples"] < 4 * 40 * 32  # the straggler's omitted and discarded samples
+
+
+class EpochSamples(Callback):
+    """Per epoch, the sample ids (first feature, set to the index by ``indexed_set``) each rank received
+    and the ids it trained on in the group, gathered into callback_metrics["epoch{e}_{received,trained}"]
+    (world, 400) padded with -1."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.received, self.trained = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        ids = batch[0][:, 0].long().tolist()
+        self.received.extend(ids)
+        if not trainer.strategy.skip_this_batch() and trainer.strategy.in_group:
+            self.trained.extend(ids)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        for name, ids in (("received", self.received), ("trained", self.trained)):
+            mine = torch.full((400,), -1.0)
+            mine[:len(ids)] = torch.tensor(ids, dtype=torch.float32)
+            trainer.callback_metrics[f"epoch{trainer.current_epoch}_{name}"] = trainer.strategy.all_gather(mine).clone()
+
+
+def indexed_set(n=384):
+    x = torch.randn(n, 40)
+    x[:, 0] = torch.arange(n, dtype=torch.float32)  # the id rides along as a feature
+    return TensorDataset(x, torch.randint(0, 10, (n,)))
+
+
+def test_reshard_lets_the_active_workers_cover_the_struck_out_workers_shard():
+    # rank 3 is 20x slow: struck out in epoch 0; with reshard the 3 active ranks cover all data in epoch 1
+    n, batch = 384, 8
+    injector = StragglerInjector(StaticSchedule([1.0, 1.0, 1.0, 20.0]), device_ms_per_sample=3.0)
+    strategy = DparStrategy(window_steps=3, strikeout_windows=1, reshard=True)
+    loader = DataLoader(indexed_set(n), batch_size=batch)
+    trainer = pl.Trainer(accelerator="cpu", devices=4, strategy=strategy, max_epochs=2, limit_val_batches=0,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[injector, EpochSamples(), RankSpread()])
+    trainer.fit(make_model(), train_dataloaders=loader)
+    assert [m for m in transitions(strategy) if m[0] == 3][-1] == (3, "slow", "struck_out")
+    reshards = [e for e in strategy.run_report["events"] if e["kind"] == "reshard"]
+    assert len(reshards) == 1 and reshards[0]["epoch"] == 1
+    active = reshards[0]["active"]  # [0, 1, 2] unless CPU noise briefly excluded another rank too
+    assert 3 not in active and len(active) >= 2
+    assert reshards[0]["batches_per_epoch"] == -(-n // len(active)) // batch  # DistributedSampler pads
+    assert reshards[0]["batches_per_epoch_all_workers"] == n // 4 // batch
+    metrics = trainer.callback_metrics
+    shards = sorted(int(i) for r in active for i in metrics["epoch1_received"][r].tolist() if i >= 0)
+    assert sorted(set(shards)) == list(range(n))  # the active ranks' shards cover every sample in epoch 1
+    assert len(shards) - n < len(active)  # ... once each, apart from the sampler's padding
+    assert metrics["epoch1_trained"][3].max().item() == -1  # the struck-out rank trained on nothing
+    trained0 = [i for i in metrics["epoch0_trained"].flatten().tolist() if i >= 0]
+    assert len(trained0) < n  # epoch 0 (before resharding) omitted part of rank 3's shard
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6

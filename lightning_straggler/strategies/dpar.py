@@ -12,12 +12,20 @@ optimizer state to everyone. Excluded workers' local updates are thereby discard
 definition; a re-admission logs how many local steps were dropped), and validation, checkpoints and
 the model handed back are the group's model. Batches an excluded rank passes over to catch up are
 omitted data, as in DPAR; samples of discarded local steps are not counted in ``train_samples``.
+
+``reshard=True`` (off by default; none of the published systems does it): at each epoch start the
+training set is sharded over the ACTIVE workers only, so excluded workers' data is not omitted from
+that epoch on. The cost: an epoch has world/active times as many steps (same per-step throughput,
+longer epochs), the data loaders are rebuilt every epoch, and the epoch in which a worker is excluded
+still omits the rest of its shard. An excluded worker keeps measuring its speed on a copy of an active
+worker's shard (its local updates are discarded anyway).
 """
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
 import torch
+from torch.utils.data import DataLoader, DistributedSampler
 from typing_extensions import override
 
 from lightning_straggler.policies.dpar import ACTIVE, STRUCK_OUT, DparMemory, DparThresholds, decide
@@ -29,9 +37,10 @@ class DparStrategy(PartialGroupStrategy):
 
     def __init__(self, window_steps: int = 20, slow_ratio: float = 1.5, strikeout_ratio: float = 5.0,
                  strikeout_windows: int = 3, readmit_ratio: float = 1.2, readmit_windows: int = 2,
-                 min_active: int = 0, data_penalty: float = 0.5, scale_lr: bool = False, **kwargs: Any) -> None:
+                 min_active: int = 0, data_penalty: float = 0.5, scale_lr: bool = False, reshard: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(window_steps=window_steps, **kwargs)
-        self.scale_lr = scale_lr
+        self.scale_lr, self.reshard = scale_lr, reshard
         self.thresholds = DparThresholds(slow_ratio=slow_ratio, strikeout_ratio=strikeout_ratio,
                                          strikeout_windows=strikeout_windows, readmit_ratio=readmit_ratio,
                                          readmit_windows=readmit_windows, min_active=min_active,
@@ -56,6 +65,35 @@ class DparStrategy(PartialGroupStrategy):
         super().setup(trainer)
         self.thresholds.validate(self.world_size)
         self.memory = DparMemory.initial(self.world_size)
+        if self.reshard:
+            # the shards follow the membership, so the training loader is rebuilt at every epoch start
+            trainer.reload_dataloaders_every_n_epochs = 1
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer
+        if not (self.reshard and trainer.training and isinstance(dataloader, DataLoader)):
+            return dataloader
+        group = self.group()
+        if len(group) == self.world_size:
+            return dataloader  # Lightning's DistributedSampler over every worker
+        original = dataloader.sampler
+        if not isinstance(original, DistributedSampler):
+            raise RuntimeError("dpar reshard=True needs Lightning's DistributedSampler on the training loader "
+                               f"(use_distributed_sampler=True), found {type(original).__name__}")
+        me = self.global_rank
+        # excluded ranks read an active rank's shard: they only measure their speed, updates are discarded
+        shard = group.index(me) if me in group else me % len(group)
+        sampler = DistributedSampler(dataloader.dataset, num_replicas=len(group), rank=shard,
+                                     shuffle=original.shuffle, seed=original.seed, drop_last=original.drop_last)
+        resharded = DataLoader(dataloader.dataset, batch_size=dataloader.batch_size, sampler=sampler,
+                               drop_last=dataloader.drop_last, collate_fn=dataloader.collate_fn,
+                               num_workers=dataloader.num_workers, pin_memory=dataloader.pin_memory)
+        self.record_event("reshard", step=self.position, epoch=trainer.current_epoch, active=list(group),
+                          batches_per_epoch=len(resharded), batches_per_epoch_all_workers=len(dataloader),
+                          note=f"{len(group)} active workers take over the shards of excluded ranks "
+                               f"{[r for r in range(self.world_size) if r not in group]}")
+        return resharded
 
     @override
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
@@ -86,3 +124,19 @@ class DparStrategy(PartialGroupStrategy):
         total = int(self.comm.allreduce(mine, op="sum", tag="discarded").item())
         if self.global_rank == 0:
             self.run_report["discarded_samples"] = total
+
+    # --- exact resume (HorovodStrategy hooks) ----------------------------------------------------
+    @override
+    def strategy_state(self) -> dict:
+        state = super().strategy_state()
+        state["dpar"] = {"memory": self.memory.to_dict() if self.memory else None,
+                         "discarded_samples": self.discarded_samples}
+        return state
+
+    @override
+    def load_strategy_state(self, state: dict) -> None:
+        super().load_strategy_state(state)
+        saved = state["dpar"]
+        if saved["memory"] is not None:
+            self.memory = DparMemory.from_dict(saved["memory"])
+        self.discarded_samples = int(saved["discarded_samples"])
