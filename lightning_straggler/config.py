@@ -101,6 +101,7 @@ class DparConfig:
     min_active: int = 0  # never fewer active workers (0 = half, rounded up)
     data_penalty: float = 0.5  # cost of omitting a worker's data shard, as a fraction of a worker-step
     scale_lr: bool = False  # scale the learning rate with the active count
+    reshard: bool = False  # active workers take over excluded workers' shards from the next epoch
 
     def validate(self, world_size: int) -> None:
         from lightning_straggler.policies.dpar import DparThresholds
