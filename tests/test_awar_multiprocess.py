@@ -1,11 +1,13 @@
 """AWAR with real Horovod workers at 4 ranks."""
 import json
 
+import lightning.pytorch as pl
 import pytest
 
 from lightning_straggler import AwarStrategy
 from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.policies.injection import RandomSchedule, SlowdownEvent, TransientSchedule
+from tests.awar_helpers import BatchNormAdamNet, CheckedMergeAwar
 from tests.helpers import ClosedFormAwar, RankSpread, flat_params
 from tests.test_ring_multiprocess import fit, make_model
 
@@ -63,3 +65,20 @@ def test_cli_awar_summary(tmp_path, cli):
     assert "classification" in kinds and "average" in kinds
     average = [e for e in summary["events"] if e["kind"] == "average"][0]
     assert sum(average["weights"]) == pytest.approx(1.0)
+
+
+def test_merge_averages_batchnorm_statistics_and_hands_out_the_leaders_optimizer_state():
+    # rank 3 is 10x slow: it trains alone between merges, so its BN statistics and Adam moments drift apart
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(3, 10.0, 0, None)]), device_ms_per_sample=2.0)
+    strategy = CheckedMergeAwar(period_steps=6)
+    pl.seed_everything(0, verbose=False)
+    trainer = fit(BatchNormAdamNet(), strategy, 4, 8, 30, callbacks=[injector, RankSpread()])
+    checks = strategy.run_report["merge_checks"]
+    averages = [e for e in strategy.run_report["events"] if e["kind"] == "average"]
+    assert len(checks) == len(averages) >= 2
+    for float_error, int_error, moments_error, moments_spread_before in checks:
+        assert float_error < 1e-6  # running mean/var: sum_i w_i buffer_i
+        assert int_error == 0  # num_batches_tracked: the leader's
+        assert moments_error == 0  # Adam's exp_avg, exp_avg_sq and step: the leader's, on every rank
+    assert max(c[3] for c in checks) > 0  # the straggler's moments differed before the merge
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
