@@ -247,6 +247,10 @@ def max_local_workers() -> int:
     return int(os.environ.get("LS_MAX_LOCAL_WORKERS", 8 * (os.cpu_count() or 1)))
 
 
+# Horovod counts stall time in whole seconds; below 2 s a busy but healthy rank can look stalled.
+STALL_TIMEOUT_RANGE = (2.0, 86400.0)
+
+
 @dataclass
 class TrainerConfig:
     accelerator: str = "cpu"
@@ -257,6 +261,10 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True
     gradient_clip_val: Optional[float] = None
+    stall_timeout_s: float = 300.0  # a collective some ranks never join ends the job after this long
+    job_timeout_s: float = 0.0  # wall-clock limit for the whole job, restarts included (0 = none)
+    checkpoint_every_n_steps: int = 0  # also write last.ckpt every N optimizer steps (0 = epoch ends only)
+    restart_on_failure: int = 0  # restart from last.ckpt without the dead workers, up to N times
 
     def validate(self) -> None:
         _check(self.accelerator in ("cpu", "gpu", "cuda"), "trainer.accelerator", "one of cpu, gpu, cuda", self.accelerator)
@@ -273,6 +281,15 @@ class TrainerConfig:
         _check(0 < self.val_check_interval <= 1.0 or float(self.val_check_interval).is_integer(),
                "trainer.val_check_interval", "a fraction in (0, 1] or a whole number of steps", self.val_check_interval)
         _check(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", ">= 1", self.log_every_n_steps)
+        _check(STALL_TIMEOUT_RANGE[0] <= self.stall_timeout_s <= STALL_TIMEOUT_RANGE[1], "trainer.stall_timeout_s",
+               "in [%g, %g] seconds" % STALL_TIMEOUT_RANGE, self.stall_timeout_s)
+        _check(self.job_timeout_s == 0 or self.job_timeout_s >= 10, "trainer.job_timeout_s",
+               "0 (no limit) or >= 10 seconds", self.job_timeout_s)
+        _check(self.checkpoint_every_n_steps >= 0, "trainer.checkpoint_every_n_steps", ">= 0 (0 = epoch ends only)",
+               self.checkpoint_every_n_steps)
+        _check(0 <= self.restart_on_failure <= self.devices - 1, "trainer.restart_on_failure",
+               f"in 0..{self.devices - 1} (each restart goes on without at least one of the {self.devices} workers)",
+               self.restart_on_failure)
 
 
 @dataclass

@@ -5,21 +5,129 @@ use the loopback interface, so a local launch listens on loopback only (``horovo
 driver and rendezvous services on every interface). Workers are spawned with Lightning's
 multiprocessing launcher, which also hands rank 0's weights, state and metrics back to this process;
 we add the Horovod environment per rank and the run report.
+
+The launcher also watches the job: a worker that dies (signal, exit code) or raises ends all of them
+within seconds (:class:`WorkerFailure` names the rank and why); a collective that some ranks wait in for
+``stall_timeout_s`` is reported with every rank's collective and ends the job; workers die with this
+process (the kernel's parent-death signal), so a killed launcher leaves no spinning orphans.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import multiprocessing.connection
 import os
+import pickle
+import signal
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Optional
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+import torch.multiprocessing as mp
+from lightning.pytorch.strategies.launchers.multiprocessing import (
+    _check_missing_main_guard,
+    _GlobalStateSnapshot,
+    _MultiProcessingLauncher,
+)
+from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+
+
+# Peers of a dead or failed rank fail too (broken Gloo connection, Horovod shut down); such errors are
+# consequences, not causes, when the launcher works out which rank to blame.
+_PEER_LOSS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
+              "Connection reset by peer", "Broken pipe", "gloo/transport", "HorovodShutdownError")
+_NAME_BYTES = 96
+_GRACE_S = 5.0  # how long the survivors get to end by themselves before SIGTERM (then as long before SIGKILL)
+
+
+class WorkerFailure(RuntimeError):
+    """The job ended because a worker died, raised, stalled in a collective or ran over the time limit.
+
+    ``kind`` is ``died`` (signal or exit code), ``raised`` (an exception in the worker), ``stall`` or
+    ``timeout``; ``rank`` is the rank to blame (``None`` when no single rank is); ``dead_ranks`` are the
+    workers a restart has to go on without.
+    """
+
+    def __init__(self, message: str, kind: str, rank: Optional[int], reason: str, dead_ranks: List[int]) -> None:
+        super().__init__(message)
+        self.kind, self.rank, self.reason, self.dead_ranks = kind, rank, reason, list(dead_ranks)
+
+
+class CollectiveBoard:
+    """Shared memory where each local worker notes the collective it is blocked in and since when; the
+    launcher reads it to catch a collective that some ranks never join (Horovod 0.28.1's own stall
+    inspector stayed silent for such a stall here, see DESIGN.md)."""
+
+    def __init__(self, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.size = size
+        self._since = ctx.RawArray("d", size)  # 0 = not inside a collective
+        self._last = ctx.RawArray("d", size)  # when the last collective ended
+        self._names = ctx.RawArray("c", size * _NAME_BYTES)
+
+    def enter(self, rank: int, name: str) -> None:
+        raw = name.encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
+        self._names[rank * _NAME_BYTES:(rank + 1) * _NAME_BYTES] = raw
+        self._since[rank] = time.time()
+
+    def leave(self, rank: int) -> None:
+        self._since[rank] = 0.0
+        self._last[rank] = time.time()
+
+    def name(self, rank: int) -> str:
+        return bytes(self._names[rank * _NAME_BYTES:(rank + 1) * _NAME_BYTES]).rstrip(b"\0").decode(errors="replace")
+
+    def stalled(self, timeout_s: float, now: Optional[float] = None) -> Optional[str]:
+        """A description naming every rank and the collective it waits in, once one rank has waited
+        longer than ``timeout_s``; else ``None``."""
+        now = time.time() if now is None else now
+        waits = [now - self._since[r] if self._since[r] else 0.0 for r in range(self.size)]
+        if max(waits) <= timeout_s:
+            return None
+        parts = []
+        for r in range(self.size):
+            if self._since[r]:
+                parts.append(f"rank {r} waits in '{self.name(r)}' for {waits[r]:.0f} s")
+            else:
+                last = f"'{self.name(r)}' {now - self._last[r]:.0f} s ago" if self._last[r] else "none yet"
+                parts.append(f"rank {r} is not in a collective (busy or stuck in its own code; last collective: {last})")
+        return "; ".join(parts)
+
+
+_board: Optional[CollectiveBoard] = None
+_board_rank = 0
+
+
+@contextlib.contextmanager
+def waiting(name: str) -> Iterator[None]:
+    """Wrap a blocking collective so that the launcher's stall watchdog can see it (a no-op when not
+    started by :class:`HorovodLauncher`)."""
+    if _board is None:
+        yield
+        return
+    _board.enter(_board_rank, name)
+    try:
+        yield
+    finally:
+        _board.leave(_board_rank)
+
+
+def _die_with_parent() -> None:
+    # A worker blocked inside Horovod never runs Python's handler for the SIGINT torch asks for when the
+    # launching process dies, so orphans spun on; the kernel's SIGKILL always lands.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent is already gone
+        os._exit(1)
 
 
 def attached_to_horovod() -> bool:
@@ -56,7 +164,8 @@ def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) 
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": LOOPBACK, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_GLOO_IFACE": "lo",
-        # A stalled collective is reported after 60 s and ends the job after stall_timeout_s.
+        # Horovod's own stall inspector, set to the same limit. On this build (0.28.1, Gloo) it stayed
+        # silent for a collective one rank never joined, so the launcher's watchdog is what ends a stall.
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, stall_timeout_s))),
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(stall_timeout_s)),
     }
@@ -64,25 +173,139 @@ def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) 
 
 
 class HorovodLauncher(_MultiProcessingLauncher):
-    """Spawns ``strategy.num_processes`` Horovod workers on this host and joins them."""
+    """Spawns ``strategy.num_processes`` Horovod workers on this host and watches them: a worker that dies
+    or raises, a collective stalled for ``stall_timeout_s`` or a job over ``job_timeout_s`` ends every
+    worker within seconds and raises :class:`WorkerFailure` naming the rank and the cause."""
 
     def __init__(self, strategy, stall_timeout_s: float = 300.0) -> None:
         super().__init__(strategy, start_method="spawn")
         self._stall_timeout_s = stall_timeout_s
         self._port: Optional[int] = None
+        self._board: Optional[CollectiveBoard] = None
 
     def launch(self, function: Callable, *args: Any, trainer=None, **kwargs: Any) -> Any:
         size = self._strategy.num_processes
         rendezvous = _Rendezvous(size)
         self._port = rendezvous.port
+        self._board = CollectiveBoard(size)
         log.info("starting %d Horovod workers (Gloo on loopback, rendezvous %s:%d)", size, LOOPBACK, self._port)
         try:
-            return super().launch(function, *args, trainer=trainer, **kwargs)
+            return self._launch(function, *args, trainer=trainer, **kwargs)
         finally:
             rendezvous.stop()
 
+    def _launch(self, function: Callable, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        # Lightning's launch, with our own join: theirs waits up to 30 s per stuck worker after a failure
+        # and cannot see a stall.
+        _check_missing_main_guard()
+        if self._already_fit and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            raise NotImplementedError("fit() twice on one Trainer with a spawning strategy; make a new Trainer "
+                                      "and pass fit(ckpt_path=...)")
+        context = mp.get_context(self._start_method)
+        return_queue = context.SimpleQueue()
+        process_args = [trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()]
+        process_context = mp.start_processes(self._wrapping_function, args=process_args,
+                                             nprocs=self._strategy.num_processes, start_method=self._start_method,
+                                             join=False)
+        self.procs = process_context.processes
+        self._join(process_context)
+        worker_output = return_queue.get()
+        if trainer is None:
+            return worker_output
+        self._already_fit |= trainer.state.fn == TrainerFn.FITTING
+        self._recover_results_in_main_process(worker_output, trainer)
+        return worker_output.trainer_results
+
+    def _join(self, context) -> None:
+        procs = context.processes
+        pending = {p.sentinel: i for i, p in enumerate(procs)}
+        job_timeout = float(getattr(self._strategy, "job_timeout_s", 0.0) or 0.0)
+        deadline = time.monotonic() + job_timeout if job_timeout > 0 else None
+        exits: Dict[int, int] = {}
+        stall: Optional[str] = None
+        timed_out = False
+        while pending:
+            for sentinel in multiprocessing.connection.wait(list(pending), timeout=1.0):
+                i = pending.pop(sentinel)
+                procs[i].join()
+                exits[i] = procs[i].exitcode
+            if any(code != 0 for code in exits.values()):
+                break
+            stall = self._board.stalled(self._stall_timeout_s) if self._board is not None else None
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if stall or timed_out:
+                break
+        if not pending and all(code == 0 for code in exits.values()):
+            return
+        natural = dict(exits)  # exits before we stopped anyone
+        if not (stall or timed_out):
+            natural.update(self._wait_for_exits(procs, pending, _GRACE_S))
+        self._stop(procs)
+        raise self._diagnose(context, natural, stall, timed_out, job_timeout)
+
+    @staticmethod
+    def _wait_for_exits(procs, pending, seconds: float) -> Dict[int, int]:
+        exits = {}
+        end = time.monotonic() + seconds
+        while pending and time.monotonic() < end:
+            for sentinel in multiprocessing.connection.wait(list(pending), timeout=max(0.0, end - time.monotonic())):
+                i = pending.pop(sentinel)
+                procs[i].join()
+                exits[i] = procs[i].exitcode
+        return exits
+
+    @staticmethod
+    def _stop(procs) -> None:
+        for sig, wait_s in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, None)):
+            alive = [p for p in procs if p.is_alive()]
+            for p in alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
+            end = time.monotonic() + (wait_s or 30.0)
+            for p in alive:
+                p.join(max(0.0, end - time.monotonic()))
+
+    def _diagnose(self, context, exits: Dict[int, int], stall: Optional[str], timed_out: bool,
+                  job_timeout: float) -> WorkerFailure:
+        size = len(context.processes)
+        if stall:
+            msg = (f"a collective stalled for more than trainer.stall_timeout_s={self._stall_timeout_s:g} s; "
+                   f"all {size} workers were stopped: {stall}")
+            return WorkerFailure(msg, "stall", None, "stalled collective", [])
+        if timed_out:
+            msg = f"the job ran over trainer.job_timeout_s={job_timeout:g} s; all {size} workers were stopped"
+            return WorkerFailure(msg, "timeout", None, "job timeout", [])
+        errors = {i: _read_traceback(context.error_files[i]) for i in exits}
+        signalled = [i for i, code in exits.items() if code is not None and code < 0]
+        raised = [i for i, tb in errors.items() if tb and not any(k in tb for k in _PEER_LOSS)]
+        coded = [i for i, code in exits.items() if code and code > 0 and not errors.get(i)]
+        if signalled:
+            rank = signalled[0]
+            name = _signal_name(-exits[rank])
+            reason = f"killed by {name}" + (" (also what the kernel's out-of-memory killer sends)" if name == "SIGKILL" else "")
+            kind, dead = "died", signalled
+        elif raised:
+            rank = raised[0]
+            reason = "raised " + _last_line(errors[rank])
+            kind, dead = "raised", raised
+        elif coded:
+            rank = coded[0]
+            reason = f"exited with code {exits[rank]}"
+            kind, dead = "died", coded
+        else:  # only consequences: report the first
+            rank = min((i for i, code in exits.items() if code), default=None)
+            reason = _last_line(errors.get(rank) or "") or f"exited with code {exits.get(rank)}"
+            kind, dead = "raised", []
+        msg = f"worker rank {rank} (of {size}) {reason}; the other workers were stopped"
+        if kind == "raised" and errors.get(rank):
+            msg += f"\n-- rank {rank} traceback:\n{errors[rank]}"
+        return WorkerFailure(msg, kind, rank, reason, sorted(dead))
+
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        global _board, _board_rank
+        _die_with_parent()
         os.environ.update(horovod_worker_env(process_idx, self._strategy.num_processes, self._port, self._stall_timeout_s))
+        _board, _board_rank = self._board, process_idx
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
         finally:
@@ -106,3 +329,23 @@ class HorovodLauncher(_MultiProcessingLauncher):
             os.remove(path)
         super().update_main_process_results(trainer, extra)
         self._strategy.run_report = extra.get("run_report", {})
+
+
+def _read_traceback(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return ""
+
+
+def _last_line(traceback_text: str) -> str:
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -10,8 +10,12 @@ import logging
 import os
 import sys
 import time
+import copy
 from dataclasses import asdict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from omegaconf import DictConfig
 
 # Importing the config module registers the group schemas with Hydra's ConfigStore.
 from lightning_straggler.config import ConfigError, load_config
@@ -35,13 +39,100 @@ def build_strategy(cfg):
 
     cls, _ = STRATEGIES[cfg.algorithm.name]
     options = {k: v for k, v in asdict(cfg.algorithm).items() if k != "name"}
-    return cls(**options) if options else cls()
+    strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, **options)
+    # read by the launcher; counts from each (re)start of the workers
+    strategy.job_timeout_s = cfg.trainer.job_timeout_s
+    return strategy
 
 
-def train(cfg: Any) -> Dict[str, Any]:
-    """Run one training job; returns the summary (also written to ``<output_dir>/summary.json``)."""
-    cfg = load_config(cfg)  # raises ConfigError before any worker starts
+def shrink_config(raw: Dict[str, Any], survivors: List[int]) -> Dict[str, Any]:
+    """The configuration for a restart on ``survivors`` (old ranks, renumbered 0..n-1 in order): fewer
+    devices, and the emulated stragglers of the surviving workers only."""
+    raw = copy.deepcopy(raw)
+    new_rank = {old: new for new, old in enumerate(survivors)}
+    raw.setdefault("trainer", {})["devices"] = len(survivors)
+    straggler = raw.get("straggler") or {}
+    if straggler.get("factors"):
+        factors = straggler["factors"]
+        straggler["factors"] = [factors[r] for r in survivors if r < len(factors)] or [1.0]
+    if straggler.get("events"):
+        kept = [dict(e, rank=new_rank[e.get("rank", 0)]) for e in straggler["events"] if e.get("rank", 0) in new_rank]
+        straggler["events"] = kept
+        if not kept:
+            straggler["scenario"] = "none"
+    algorithm = raw.get("algorithm")
+    if isinstance(algorithm, dict) and algorithm.get("initial_batch_sizes"):  # boa: per-worker list
+        algorithm["initial_batch_sizes"] = None
+    return raw
+
+
+def train(cfg: Any, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
+    """Run one training job; returns the summary (also written to ``<output_dir>/summary.json``).
+
+    ``callbacks`` are added to the Trainer's. With ``trainer.restart_on_failure`` > 0, a job whose worker died goes on from
+    ``<output_dir>/checkpoints/last.ckpt`` without the dead workers, up to that many times."""
+    from lightning_straggler.launcher import WorkerFailure
+
+    checked = load_config(cfg)  # raises ConfigError before any worker starts
+    from omegaconf import OmegaConf
+
+    if not isinstance(cfg, (dict, DictConfig)):
+        cfg = OmegaConf.structured(cfg)
+    raw = OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)  # as given: restarts re-derive defaults
+    raw.pop("hydra", None)
+    raw.setdefault("trainer", {})["devices"] = checked.trainer.devices
+    allowed = checked.trainer.restart_on_failure
+    restarts: List[Dict[str, Any]] = []
+    survivors = list(range(checked.trainer.devices))  # original ranks of the workers now running
+    ckpt_path: Optional[str] = None
+    while True:
+        try:
+            return _train_once(checked, ckpt_path, restarts, callbacks)
+        except WorkerFailure as failure:
+            keep = [i for i in range(len(survivors)) if i not in failure.dead_ranks]
+            if len(restarts) >= allowed or not failure.dead_ranks or not keep:
+                if restarts:
+                    raise WorkerFailure(f"{failure} (after {len(restarts)} restart(s))", failure.kind, failure.rank,
+                                        failure.reason, failure.dead_ranks) from failure
+                raise
+            last = os.path.join(_output_dir(checked), "checkpoints", "last.ckpt")
+            ckpt_path = last if os.path.exists(last) else None
+            try:
+                raw = shrink_config(raw, keep)
+                raw["trainer"]["restart_on_failure"] = allowed - len(restarts) - 1  # the ones left
+                checked = load_config(raw)
+            except ConfigError as e:
+                raise WorkerFailure(f"{failure}; cannot restart on {len(keep)} workers: {e}", failure.kind,
+                                    failure.rank, failure.reason, failure.dead_ranks) from failure
+            restarts.append({"dead_rank": failure.rank, "dead_ranks": failure.dead_ranks,
+                             "dead_original_ranks": [survivors[i] for i in failure.dead_ranks],
+                             "reason": failure.reason, "from_checkpoint": ckpt_path, "new_world_size": len(keep)})
+            survivors = [survivors[i] for i in keep]
+            print(f"[lightning-straggler] restart {len(restarts)}/{allowed}: worker rank "
+                  f"{failure.rank} {failure.reason}; going on with {len(keep)} workers from "
+                  f"{ckpt_path or 'the start (no checkpoint yet)'}", file=sys.stderr, flush=True)
+
+
+class _AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes next to the target and renames: Lightning's own save goes through a temporary file in the
+    system temp directory, which is a copy, not a rename, when that is another filesystem."""
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        import torch
+
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], callbacks: Sequence[Any]) -> Dict[str, Any]:
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
     import lightning_straggler  # noqa: F401  (registers the strategies)
@@ -62,17 +153,22 @@ def train(cfg: Any) -> Dict[str, Any]:
     injector = StragglerInjector(cfg.straggler.schedule(), cfg.straggler.device_ms_per_sample)
     strategy = build_strategy(cfg)
     t = cfg.trainer
+    # checkpoints/last.ckpt at every epoch end (and every checkpoint_every_n_steps steps): what a restart
+    # goes on from; written by rank 0, atomically
+    checkpoints = ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"), save_last=True,
+                                  every_n_train_steps=t.checkpoint_every_n_steps or None,
+                                  enable_version_counter=False)
     trainer = pl.Trainer(
         accelerator=t.accelerator, devices=t.devices, strategy=strategy, max_epochs=t.max_epochs,
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar, gradient_clip_val=t.gradient_clip_val,
-        callbacks=[profiler, injector], logger=CSVLogger(out, name="logs"), default_root_dir=out,
-        enable_model_summary=False,
+        callbacks=[profiler, injector, checkpoints, *callbacks], logger=CSVLogger(out, name="logs"),
+        default_root_dir=out, enable_model_summary=False, plugins=[_AtomicCheckpointIO()],
     )
     print(f"[lightning-straggler] algorithm={cfg.algorithm.name} workers={t.devices} "
           f"straggler={cfg.straggler.scenario} data={cfg.data.name} output={out}", flush=True)
     started = time.time()
-    trainer.fit(model, datamodule=data)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     total = time.time() - started
     if not trainer.is_global_zero:
         return {}
@@ -82,6 +178,7 @@ def train(cfg: Any) -> Dict[str, Any]:
     summary = build_summary(cfg.algorithm.name, t.devices, strategy.run_report, total, cfg.target_acc,
                             OmegaConf.to_container(OmegaConf.structured(cfg)),
                             None if val_acc is None else float(val_acc))
+    summary["restarts"] = restarts
     path = write_summary(summary, out)
     ttt = summary["time_to_target_s"]
     acc = "n/a (no validation ran)" if summary["val_acc"] is None else f"{summary['val_acc']:.4f}"
@@ -97,6 +194,8 @@ def train(cfg: Any) -> Dict[str, Any]:
 def _hydra_main() -> None:
     import hydra
 
+    from lightning_straggler.launcher import WorkerFailure
+
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
     @hydra.main(config_path=conf_dir, config_name="train", version_base="1.3")
@@ -106,6 +205,9 @@ def _hydra_main() -> None:
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(2)
+        except WorkerFailure as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
         return summary.get("val_acc") if summary else None
 
     main()

@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import Any, Dict, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
+from lightning_straggler.launcher import waiting  # the launcher's stall watchdog sees blocked collectives
 
 _OPS = ("mean", "avg", "sum", "max", "min", "product")
 
@@ -31,6 +32,7 @@ class HorovodCollectives(Collectives):
     def __init__(self) -> None:
         self._sets: Dict[Tuple[int, ...], Any] = {}
         self._seq: Dict[Tuple[str, Tuple[int, ...]], int] = defaultdict(int)
+        self._async_names: Dict[int, str] = {}  # handle -> name, for the stall watchdog
 
     # --- lifecycle -------------------------------------------------------------------------------
     def init(self, dynamic_groups: bool = True) -> None:
@@ -108,35 +110,44 @@ class HorovodCollectives(Collectives):
     # --- collectives ----------------------------------------------------------------------------
     def allreduce(self, tensor, op="mean", group=None, tag="allreduce"):
         name, ps = self._name(tag, group)
-        return _hvd().allreduce(tensor, op=self._op(op), name=name, process_set=ps)
+        with waiting(name):
+            return _hvd().allreduce(tensor, op=self._op(op), name=name, process_set=ps)
 
     def allreduce_grouped_(self, tensors, op="mean", group=None, tag="grads"):
         if not tensors:
             return
         name, ps = self._name(tag, group)
-        _hvd().grouped_allreduce_(list(tensors), op=self._op(op), name=name, process_set=ps)
+        with waiting(name):
+            _hvd().grouped_allreduce_(list(tensors), op=self._op(op), name=name, process_set=ps)
 
     def allgather(self, tensor, group=None, tag="allgather"):
         name, ps = self._name(tag, group)
-        return _hvd().allgather(tensor, name=name, process_set=ps)
+        with waiting(name):
+            return _hvd().allgather(tensor, name=name, process_set=ps)
 
     def broadcast_(self, tensor, root, group=None, tag="broadcast"):
         name, ps = self._name(tag, group)
-        return _hvd().broadcast_(tensor, root_rank=root, name=name, process_set=ps)
+        with waiting(name):
+            return _hvd().broadcast_(tensor, root_rank=root, name=name, process_set=ps)
 
     def broadcast_object(self, obj, root=0, group=None, tag="object"):
         name, ps = self._name(tag, group)
-        return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
+        with waiting(name):
+            return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
 
     def broadcast_async(self, tensor, root, group=None, tag="signal"):
         name, ps = self._name(tag, group, unique=True)
-        return _hvd().broadcast_async_(tensor, root_rank=root, name=name, process_set=ps)
+        handle = _hvd().broadcast_async_(tensor, root_rank=root, name=name, process_set=ps)
+        self._async_names[handle] = name
+        return handle
 
     def poll(self, handle) -> bool:
         return _hvd().poll(handle)
 
     def wait(self, handle):
-        return _hvd().synchronize(handle)
+        with waiting(self._async_names.pop(handle, "async")):
+            return _hvd().synchronize(handle)
 
     def barrier(self, group=None) -> None:
-        _hvd().barrier(process_set=self.process_set(group))
+        with waiting(self._name("barrier", group)[0]):
+            _hvd().barrier(process_set=self.process_set(group))

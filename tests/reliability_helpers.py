@@ -1,0 +1,40 @@
+"""Callbacks that break real workers on purpose (importable by spawned workers)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from lightning.pytorch import Callback
+
+
+class _AtStep(Callback):
+    """Acts on ``rank`` after optimizer step ``step`` (1-based global step), only in a job of ``world``
+    workers, so that a restarted, smaller job is left alone."""
+
+    def __init__(self, rank: int, step: int, world: int) -> None:
+        self.rank, self.step, self.world = rank, step, world
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and trainer.world_size == self.world and trainer.global_rank == self.rank:
+            self.act(trainer)
+
+    def act(self, trainer) -> None:
+        raise NotImplementedError
+
+
+class KillRank(_AtStep):
+    def act(self, trainer) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RaiseOnRank(_AtStep):
+    def act(self, trainer) -> None:
+        raise ValueError(f"boom on purpose at step {self.step}")
+
+
+class StallRank(_AtStep):
+    """Joins a collective nobody else joins: the others wait in the next gradient all-reduce."""
+
+    def act(self, trainer) -> None:
+        trainer.strategy.comm.allreduce(torch.ones(1), tag="stall_probe")

@@ -1,0 +1,67 @@
+"""A dead, failing or stalled worker ends the job within seconds with a message naming it; with
+restart_on_failure the job goes on from the last checkpoint on the surviving workers (real Horovod)."""
+import json
+import time
+
+import pytest
+import torch
+
+from lightning_straggler.launcher import WorkerFailure
+from lightning_straggler.train import train
+from tests.reliability_helpers import KillRank, RaiseOnRank, StallRank
+
+pytestmark = pytest.mark.multiprocess
+
+
+def small_job(out, **trainer):
+    options = {"devices": 4, "max_epochs": 1, "max_steps": 20, "val_check_interval": 1.0,
+               "enable_progress_bar": False, "checkpoint_every_n_steps": 5, **trainer}
+    return {"algorithm": {"name": "ring"}, "straggler": {"scenario": "none"}, "trainer": options,
+            "data": {"name": "synthetic", "num_samples": 2000, "batch_size": 16},
+            "model": {"hidden": [32]}, "profiler": {"plot": False}, "output_dir": str(out)}
+
+
+def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
+    with pytest.raises(WorkerFailure) as info:
+        train(small_job(tmp_path), callbacks=[KillRank(rank=2, step=12, world=4)])
+    failure = info.value
+    assert failure.kind == "died" and failure.rank == 2 and failure.dead_ranks == [2]
+    assert "rank 2" in str(failure) and "SIGKILL" in str(failure)
+    # the last checkpoint is whole and is the one from step 10
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 10 and "state_dict" in ckpt
+    assert not list((tmp_path / "checkpoints").glob("*.tmp-*"))
+
+
+def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path):
+    summary = train(small_job(tmp_path, restart_on_failure=1), callbacks=[KillRank(rank=2, step=12, world=4)])
+    assert summary["world_size"] == 3
+    [restart] = summary["restarts"]
+    assert restart["dead_rank"] == 2 and "SIGKILL" in restart["reason"]
+    assert restart["new_world_size"] == 3 and restart["from_checkpoint"].endswith("last.ckpt")
+    assert json.loads((tmp_path / "summary.json").read_text())["restarts"] == summary["restarts"]
+    assert set(summary["per_rank"]) == {"0", "1", "2"}
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 20  # finished: 10 steps on 4 workers (checkpointed), then 10 on 3
+
+
+def test_exception_in_user_code_names_the_rank_and_the_exception(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        train(small_job(tmp_path), callbacks=[RaiseOnRank(rank=1, step=4, world=4)])
+    failure = info.value
+    assert failure.kind == "raised" and failure.rank == 1
+    assert "ValueError: boom on purpose at step 4" in str(failure)
+    print(f"ended {time.monotonic() - started:.1f} s after the start")
+
+
+def test_stalled_collective_ends_the_job_naming_the_ranks_and_the_tensors(tmp_path):
+    with pytest.raises(WorkerFailure) as info:
+        train(small_job(tmp_path, stall_timeout_s=4), callbacks=[StallRank(rank=1, step=3, world=4)])
+    failure = info.value
+    message = str(failure)
+    assert failure.kind == "stall", message
+    assert "rank 1 waits in 'stall_probe.all'" in message
+    for rank in (0, 2, 3):
+        assert f"rank {rank} waits in 'grads.all'" in message
+    assert "trainer.stall_timeout_s=4" in message
