@@ -1,0 +1,872 @@
+"""The benchmark matrix: every algorithm x straggler scenario x world size x seed, side by side.
+
+    python -m benchmarks.matrix [--quick] [--algorithms ring dpar awar dssync boa]
+        [--scenarios none mix3 transient4x random2 permanent10x] [--world-sizes 4 8] [--seeds 3]
+        [--steps S | --epochs E] [--device-ms 2.0] [--target-acc A] [--output-dir DIR]
+        [--sweep [--launcher submitit_slurm]] [--aggregate-only DIR]
+
+Each cell is one real multi-process Horovod run of the main job, ``python -m lightning_straggler.train``
+with Hydra overrides (``algorithm=<a> straggler=<scenario> trainer.devices=<N> seed=<s> ...``), on
+MNIST-1D (MLP 40-256-256-10, batch 32 per worker) with EMULATED device time: every batch sleeps
+factor x ``--device-ms`` ms per sample after backward, plus (factor - 1) x its real compute. A scenario
+is any file ``conf/straggler/<name>.yaml`` and is passed as ``straggler=<name>``; the built-in ones that
+depend on the run get a few extra overrides (recorded per run in summary.json ``runs[].command``):
+
+  none          no straggler;
+  mix3          static 1.0 / 0.6 / 0.3 speeds (factors 1 / 1.667 / 3.333) spread over the ranks:
+                ``straggler.factors`` = benchmarks.boa_vs_ring.speed_mix(N) (4: [1, 1, 1.667, 3.333];
+                8: [1, 1, 1, 1.667 x3, 3.333 x2]);
+  transient4x   rank min(3, N-1) 4x slow for the middle third of the run (steps S//3 .. 2S//3 - 1);
+  random2       two random 4x stragglers, seeded: two distinct ranks from numpy default_rng(seed), each
+                slow for S//3 of its own steps from a drawn start (the recipe of benchmarks.dpar_vs_ring);
+  permanent10x  the file as it is: rank 3 10x slow for the whole run;
+  any other     the file as it is; a ``scenario: random`` file also gets ``straggler.seed=<seed>``.
+
+Raw output per run: ``<out>/runs/<algorithm>_<scenario>_N<world>_seed<s>/summary.json`` (+ train.log,
+timeline.png where plotted); the 1-worker calibration runs under ``<out>/solo/``; then ``summary.json``,
+``matrix.md`` and PNG plots in ``<out>`` (default ``benchmarks/results/matrix/<stamp>/``).
+
+Figures (every one relative to something measured in the same invocation):
+  throughput   = summary ``throughput_samples_per_s`` = train_samples / wall_s (validation included;
+                 samples of discarded local steps are not counted);
+  ratio        = X / ring under the same scenario, world size and seed (then median, min, max over
+                 seeds); time to target ratio likewise (X / ring, lower is better); accuracy difference in
+                 points against ring;
+  efficiency   = throughput / ideal, with
+      r(f)     = the sample rate of a 1-worker run ALONE at constant slowdown factor f (straggler=static,
+                 factors [f]), same emulation, same steps, same torch threads per process: samples per step
+                 / (p50 compute_s + p50 comm_s), medians so that a neighbour's load spike does not move
+                 every ideal (its train_samples / wall_s is recorded too); one run per distinct factor of
+                 the grid's schedules; tau(f) = 1 / r(f) seconds per sample, piecewise linear in f between
+                 measured factors (only needed when a schedule has more than MAX_SOLO distinct factors,
+                 e.g. scenario: random, then measured at the extremes and 1);
+      R_i      = S / sum_{s < S} tau(f_i(s)): worker i's time-weighted rate over its schedule f_i(s)
+                 for the run's S steps (= r(f_i) for a constant factor);
+      t_ar     = the all-reduce transfer per step: mean over ranks of (comm_s.total - wait_s.total) /
+                 steps of the ring run with no straggler at the same N and seed (else ring under the
+                 same scenario; else the median over seeds at that N; else 0, flagged);
+      ideal    = G / (G / sum_i R_i + t_ar), G = N x batch (the global batch of one step): the N workers
+                 each at their own solo speed, perfectly balanced, plus one all-reduce per step.
+  Efficiency therefore counts as loss everything but each worker's typical step and one all-reduce:
+  waiting, protocol overhead, omitted data, validation and Lightning's work between steps, load spikes,
+  and the CPU sharing of N processes on the machine's cores.
+
+``--sweep`` runs the same grid through Hydra multirun (``-m``, one invocation per scenario and world
+size, and per seed where the scenario's overrides depend on it), into the same layout
+(``hydra.sweep.dir=<out>/runs``, ``hydra.sweep.subdir=<algorithm>_<scenario>_N<world>_seed<s>``), so with
+``--launcher submitit_slurm`` each run is a SLURM job; the aggregation is the same function.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONF = os.path.join(ROOT, "conf")
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "matrix")
+ALGORITHMS = ("ring", "dpar", "awar", "dssync", "boa")
+SCENARIOS = ("none", "mix3", "transient4x", "random2", "permanent10x")
+QUICK = {"world_sizes": [4], "scenarios": ["none", "transient4x", "permanent10x"], "seeds": 1, "steps": 40,
+         "target_acc": 0.25}
+DEFAULT_STEPS, DEFAULT_TARGET_ACC, DEFAULT_DEVICE_MS = 124, 0.4, 2.0
+MAX_SOLO = 6  # more distinct factors than this: measure the extremes (and 1) and interpolate
+RUN_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)_seed(?P<seed>\d+)$")
+METRICS = ("throughput", "time_to_target_s", "val_acc", "throughput_ratio_to_ring", "ttt_ratio_to_ring",
+           "acc_diff_points_vs_ring", "efficiency", "ideal", "wall_s")
+EFFICIENCY_FORMULA = (
+    "efficiency = throughput / ideal; ideal = G / (G / sum_i R_i + t_ar); G = N x batch per worker; "
+    "R_i = S / sum_{s<S} tau(f_i(s)) (worker i's time-weighted solo rate over its schedule, S steps); "
+    "tau(f) = 1 / r(f), r(f) = samples per step / (p50 compute_s + p50 comm_s) of a 1-worker run alone at "
+    "constant factor f (same emulation, steps and threads), tau piecewise linear in f between measured factors; t_ar = mean over ranks of "
+    "(comm_s.total - wait_s.total) / steps of ring with no straggler at the same N and seed (fallbacks: ring "
+    "under the same scenario, median over seeds at N, 0)")
+
+
+# --- small helpers ------------------------------------------------------------------------------
+def spread(xs: Iterable[float | None]) -> dict[str, Any]:
+    """Median, min, max and count of the values that are not None."""
+    v = [float(x) for x in xs if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def run_name(algorithm: str, scenario: str, world: int, seed: int) -> str:
+    return f"{algorithm}_{scenario}_N{world}_seed{seed}"
+
+
+def parse_run_name(name: str) -> dict[str, Any] | None:
+    m = RUN_RE.match(name)
+    if not m or m["algorithm"] not in ALGORITHMS:
+        return None
+    return {"algorithm": m["algorithm"], "scenario": m["scenario"], "world_size": int(m["world"]),
+            "seed": int(m["seed"])}
+
+
+def steps_per_epoch(world: int, num_samples: int = 10000, batch: int = 32) -> int:
+    return max(1, (int(0.8 * num_samples) // world) // batch)  # 80% train, sharded, drop_last
+
+
+def available_scenarios() -> list[str]:
+    return sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(CONF, "straggler", "*.yaml"))
+                  if not os.path.basename(p).startswith("_"))
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+def random2_events(seed: int, world: int, steps: int, factor: float = 4.0) -> list[dict[str, Any]]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ranks = sorted(int(r) for r in rng.choice(world, min(2, world), replace=False))
+    length = max(1, steps // 3)
+    out = []
+    for rank in ranks:
+        start = int(rng.integers(0, steps - length + 1))
+        out.append({"rank": rank, "factor": factor, "start_step": start, "end_step": start + length})
+    return out
+
+
+def _events_override(events: Sequence[dict[str, Any]]) -> str:
+    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
+                    for e in events)
+    return f"straggler.events=[{body}]"
+
+
+def scenario_overrides(scenario: str, kind: str, world: int, steps: int, seed: int) -> tuple[list[str], bool]:
+    """Extra overrides of a scenario for one run, and whether they depend on the seed."""
+    if scenario == "mix3":
+        from benchmarks.boa_vs_ring import speed_mix
+
+        return [f"straggler.factors=[{','.join(str(f) for f in speed_mix(world))}]"], False
+    if scenario == "transient4x":
+        rank = min(3, world - 1)
+        return [_events_override([{"rank": rank, "factor": 4.0, "start_step": steps // 3,
+                                   "end_step": max(steps // 3 + 1, (2 * steps) // 3)}])], False
+    if scenario == "random2":
+        return [_events_override(random2_events(seed, world, steps))], True
+    if kind == "random":
+        return ["straggler.seed=${seed}"], False  # interpolated: the same override for every seed
+    return [], False
+
+
+# --- planning -----------------------------------------------------------------------------------
+class Plan:
+    """Every run of an invocation and its overrides, validated before anything starts."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.cells: list[dict[str, Any]] = []
+        self.solo: list[dict[str, Any]] = []
+
+    def steps(self, world: int) -> int:
+        a = self.args
+        return a.steps if a.steps else a.epochs * steps_per_epoch(world, self.num_samples, self.batch)
+
+    def val_every(self, world: int, steps: int) -> int:
+        """Validate every S//4 steps (4 points on the accuracy curve), within an epoch as Lightning needs."""
+        return max(1, min(steps_per_epoch(world, self.num_samples, self.batch), steps // 4))
+
+    def common(self, world: int, steps: int) -> list[str]:
+        a = self.args
+        return [f"straggler.device_ms_per_sample={a.device_ms}", f"trainer.devices={world}", "trainer.accelerator=cpu",
+                f"trainer.max_steps={steps}", f"trainer.max_epochs={steps}",
+                f"trainer.val_check_interval={self.val_every(world, steps)}",
+                "trainer.enable_progress_bar=false", f"target_acc={a.target_acc}"]
+
+    def build(self) -> None:
+        """Compose and validate every cell's configuration (raises ConfigError / ValueError with the option)."""
+        from hydra import compose, initialize_config_dir
+
+        import lightning_straggler.config  # noqa: F401  (registers the group schemas)
+        from lightning_straggler.config import load_config
+
+        a = self.args
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            base = load_config(compose(config_name="train", overrides=["straggler=none"]))
+            self.num_samples, self.batch = base.data.num_samples, base.data.batch_size
+            kinds = {}
+            for sc in a.scenarios:  # the scenario type, read without validating against a world size
+                raw = compose(config_name="train", overrides=[f"straggler={sc}"])
+                kinds[sc] = str(raw.straggler.scenario)
+            self.kinds = kinds
+            for seed in a.seeds_list:
+                for world in a.world_sizes:
+                    steps = self.steps(world)
+                    for sc in a.scenarios:
+                        extra, seed_dep = scenario_overrides(sc, kinds[sc], world, steps, seed)
+                        for algo in a.algorithms:
+                            ov = [f"algorithm={algo}", f"straggler={sc}", *extra, *self.common(world, steps), f"seed={seed}"]
+                            try:
+                                cfg = load_config(compose(config_name="train", overrides=ov))
+                            except Exception as e:  # noqa: BLE001  (ConfigError or a Hydra composition error: both name the setting)
+                                raise ValueError(f"--scenarios {sc} with --algorithms {algo} at --world-sizes {world}: "
+                                                 f"{e}") from None
+                            self.cells.append({"algorithm": algo, "scenario": sc, "world_size": world, "seed": seed,
+                                               "steps": steps, "overrides": ov, "extra": extra, "seed_dependent": seed_dep,
+                                               "factors": factor_table(cfg.straggler, world, steps)})
+            # solo calibration: one 1-worker run per distinct factor of the grid's schedules
+            self.solo_steps = max(self.steps(w) for w in a.world_sizes)
+            self.solo_val = self.val_every(1, self.solo_steps)
+            for f in solo_factors(c["factors"] for c in self.cells):
+                ov = ["algorithm=ring", "straggler=static", f"straggler.factors=[{f}]",
+                      f"straggler.device_ms_per_sample={a.device_ms}", "trainer.devices=1", "trainer.accelerator=cpu",
+                      f"trainer.max_steps={self.solo_steps}", f"trainer.max_epochs={self.solo_steps}",
+                      f"trainer.val_check_interval={self.solo_val}", "trainer.enable_progress_bar=false",
+                      "profiler.plot=false", f"seed={a.seeds_list[0]}", f"target_acc={a.target_acc}"]
+                load_config(compose(config_name="train", overrides=ov))
+                self.solo.append({"factor": f, "overrides": ov})
+
+
+def factor_table(straggler_cfg, world: int, steps: int) -> list[list[float]]:
+    """f_i(s) for every rank i and step s < steps, from the library's own schedule."""
+    sched = straggler_cfg.schedule()
+    return [[float(sched.factor(r, s)) for s in range(steps)] for r in range(world)]
+
+
+def solo_factors(tables: Iterable[list[list[float]]]) -> list[float]:
+    fs = sorted({round(f, 4) for t in tables for row in t for f in row} | {1.0})
+    if len(fs) > MAX_SOLO:
+        fs = sorted({1.0, fs[0], fs[-1]})
+    return fs
+
+
+# --- the ideal-rate arithmetic (pure) -----------------------------------------------------------
+def seconds_per_sample(factor: float, calibration: dict[float, float]) -> float:
+    """tau(f) from {factor: solo throughput}: exact at measured factors, piecewise linear between,
+    linear extrapolation from the nearest two outside (a single point: proportional to f)."""
+    pts = sorted((float(f), 1.0 / r) for f, r in calibration.items() if r and r > 0)
+    if not pts:
+        raise ValueError("no solo calibration")
+    if len(pts) == 1:
+        f0, t0 = pts[0]
+        return t0 * factor / f0
+    for k in range(len(pts) - 1):  # the first segment reaching the factor, else the last one
+        if factor <= pts[k + 1][0] or k == len(pts) - 2:
+            (f0, t0), (f1, t1) = pts[k], pts[k + 1]
+            return t0 + (t1 - t0) * (factor - f0) / (f1 - f0)
+    raise AssertionError("unreachable")
+
+
+def worker_rates(factors: list[list[float]], calibration: dict[float, float]) -> list[float]:
+    """R_i = S / sum_s tau(f_i(s)): each worker's time-weighted solo rate over its schedule."""
+    return [len(row) / sum(seconds_per_sample(f, calibration) for f in row) for row in factors]
+
+
+def ideal_throughput(rates: Sequence[float], global_batch: int, t_ar: float) -> float:
+    """G / (G / sum R_i + t_ar): the workers at their solo speeds, perfectly balanced, one all-reduce per step."""
+    return global_batch / (global_batch / sum(rates) + max(0.0, t_ar))
+
+
+def allreduce_cost(summary: dict[str, Any]) -> float | None:
+    """Transfer time per step (waiting excluded), mean over ranks, from a summary's per_rank."""
+    vals = []
+    for r in summary.get("per_rank", {}).values():
+        if r.get("steps"):
+            vals.append(max(0.0, r["comm_s"]["total"] - r["wait_s"]["total"]) / r["steps"])
+    return statistics.mean(vals) if vals else None
+
+
+# --- aggregation (shared by the direct and the sweep paths) --------------------------------------
+def load_runs(runs_dir: str, planned: Sequence[dict[str, Any]] | None = None,
+              errors: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One record per run directory (``<algorithm>_<scenario>_N<world>_seed<s>``) and per planned run
+    without a summary (``error``)."""
+    errors = errors or {}
+    found: dict[str, dict[str, Any]] = {}
+    for d in sorted(glob.glob(os.path.join(runs_dir, "*"))):
+        key = parse_run_name(os.path.basename(d))
+        if key is None or not os.path.isdir(d):
+            continue
+        path = os.path.join(d, "summary.json")
+        rec = dict(key, run_dir=d)
+        if os.path.exists(path):
+            with open(path) as f:
+                rec["summary"] = json.load(f)
+        else:
+            rec["error"] = errors.get(os.path.basename(d), "no summary.json (the run failed or did not finish)")
+        found[os.path.basename(d)] = rec
+    for c in planned or []:
+        name = run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"])
+        if name not in found:
+            found[name] = {k: c[k] for k in ("algorithm", "scenario", "world_size", "seed")}
+            found[name].update(run_dir=os.path.join(runs_dir, name), error=errors.get(name, "did not run"))
+    return list(found.values())
+
+
+def load_solo(solo_dir: str) -> dict[str, Any]:
+    """{factor: solo record} from the 1-worker calibration runs (factor read from each run's config)."""
+    out: dict[str, Any] = {}
+    for path in sorted(glob.glob(os.path.join(solo_dir, "*", "summary.json"))):
+        with open(path) as f:
+            s = json.load(f)
+        st = s["config"]["straggler"]
+        f = float(st["factors"][0]) if st.get("scenario") == "static" and st.get("factors") else 1.0
+        r0 = s["per_rank"]["0"]
+        per_step = r0["samples"] / r0["steps"] if r0["steps"] else 0
+        step_s = r0["compute_s"]["p50"] + r0["comm_s"]["p50"]
+        # medians: one load spike from a neighbour on a shared machine must not move every ideal
+        out[f"{f:g}"] = {"factor": f, "rate": per_step / step_s if step_s > 0 else None,
+                         "step_p50_s": step_s, "throughput": s["throughput_samples_per_s"], "wall_s": s["wall_s"],
+                         "train_samples": s["train_samples"], "steps": r0["steps"],
+                         "compute_rate": r0["samples"] / r0["compute_s"]["total"] if r0["compute_s"]["total"] else None,
+                         "summary": path}
+    return out
+
+
+def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[str, list[list[float]]],
+              batch: int = 32) -> dict[str, Any]:
+    """Per-run figures, per-cell medians and spreads.
+
+    runs: records with algorithm, scenario, world_size, seed and either ``summary`` (summary.json) or
+    ``error``; solo: {factor: {"factor": f, "rate": r(f)}}; factors: run name -> f_i(s) table (ranks x steps).
+    """
+    calibration = {float(v["factor"]): float(v["rate"]) for v in solo.values() if v.get("rate")}
+    ok = {(r["algorithm"], r["scenario"], r["world_size"], r["seed"]): r for r in runs if "summary" in r}
+
+    # all-reduce cost per (N, seed)
+    comm: dict[tuple[int, int], dict[str, Any]] = {}
+    worlds = sorted({r["world_size"] for r in runs})
+    seeds = sorted({r["seed"] for r in runs})
+    for n in worlds:
+        for sd in seeds:
+            r = ok.get(("ring", "none", n, sd))
+            if r is not None:
+                comm[(n, sd)] = {"t_ar_s": allreduce_cost(r["summary"]), "source": run_name("ring", "none", n, sd)}
+    per_world = {n: statistics.median([v["t_ar_s"] for (m, _), v in comm.items() if m == n and v["t_ar_s"] is not None])
+                 for n in worlds if any(m == n and v["t_ar_s"] is not None for (m, _), v in comm.items())}
+
+    def t_ar_for(n: int, sc: str, sd: int) -> tuple[float, str]:
+        if (n, sd) in comm and comm[(n, sd)]["t_ar_s"] is not None:
+            return comm[(n, sd)]["t_ar_s"], comm[(n, sd)]["source"]
+        r = ok.get(("ring", sc, n, sd))
+        if r is not None and allreduce_cost(r["summary"]) is not None:
+            return allreduce_cost(r["summary"]), run_name("ring", sc, n, sd)
+        if n in per_world:
+            return per_world[n], f"median over seeds of ring/none at N={n}"
+        return 0.0, "NOT MEASURED (no ring run): t_ar = 0"
+
+    per_run: list[dict[str, Any]] = []
+    for r in sorted(runs, key=lambda r: (r["world_size"], r["scenario"], r["seed"], ALGORITHMS.index(r["algorithm"]))):
+        name = run_name(r["algorithm"], r["scenario"], r["world_size"], r["seed"])
+        rec: dict[str, Any] = {k: r[k] for k in ("algorithm", "scenario", "world_size", "seed")}
+        rec["run_dir"] = r.get("run_dir")
+        if "summary" not in r:
+            rec["error"] = r.get("error", "unknown")
+            per_run.append(rec)
+            continue
+        s = r["summary"]
+        rec.update(throughput=s["throughput_samples_per_s"], time_to_target_s=s["time_to_target_s"],
+                   val_acc=s["val_acc"], wall_s=s["wall_s"], launch_s=s.get("launch_s"),
+                   train_samples=s["train_samples"],
+                   steps_per_rank=[v["steps"] for _, v in sorted(s["per_rank"].items(), key=lambda kv: int(kv[0]))],
+                   timeline_png=s.get("timeline_png"),
+                   val_history=[[v["elapsed_s"], v["val_acc"]] for v in s.get("val_history", [])])
+        ring = ok.get(("ring", r["scenario"], r["world_size"], r["seed"]))
+        if ring is not None:
+            g = ring["summary"]
+            rec["throughput_ratio_to_ring"] = (s["throughput_samples_per_s"] / g["throughput_samples_per_s"]
+                                               if g["throughput_samples_per_s"] else None)
+            rec["ttt_ratio_to_ring"] = (s["time_to_target_s"] / g["time_to_target_s"]
+                                        if s["time_to_target_s"] is not None and g["time_to_target_s"] else None)
+            rec["acc_diff_points_vs_ring"] = (100.0 * (s["val_acc"] - g["val_acc"])
+                                              if s["val_acc"] is not None and g["val_acc"] is not None else None)
+        table = factors.get(name)
+        if table is None:  # sweep output of a run not planned here: rebuild the schedule from its config
+            table = factors_from_summary(s)
+        if calibration and table:
+            t_ar, src = t_ar_for(r["world_size"], r["scenario"], r["seed"])
+            rates = worker_rates(table, calibration)
+            g_batch = int(s["config"]["data"]["batch_size"]) * r["world_size"]
+            ideal = ideal_throughput(rates, g_batch, t_ar)
+            rec.update(ideal=ideal, efficiency=s["throughput_samples_per_s"] / ideal, ideal_rates=rates,
+                       t_ar_s=t_ar, t_ar_source=src, global_batch=g_batch)
+        per_run.append(rec)
+
+    cells: list[dict[str, Any]] = []
+    keys = sorted({(r["world_size"], r["scenario"], r["algorithm"]) for r in runs},
+                  key=lambda k: (k[0], k[1], ALGORITHMS.index(k[2])))
+    for n, sc, algo in keys:
+        rs = [p for p in per_run if (p["world_size"], p["scenario"], p["algorithm"]) == (n, sc, algo)]
+        good = [p for p in rs if "error" not in p]
+        cell: dict[str, Any] = {"algorithm": algo, "scenario": sc, "world_size": n, "runs": len(rs), "ok": len(good),
+                                "reached_target": sum(p["time_to_target_s"] is not None for p in good),
+                                "errors": [{"seed": p["seed"], "error": p["error"]} for p in rs if "error" in p]}
+        for m in METRICS:
+            cell[m] = spread(p.get(m) for p in good)
+        cells.append(cell)
+    return {"runs": per_run, "cells": cells,
+            "comm_cost": {f"N{n}_seed{sd}": v for (n, sd), v in sorted(comm.items())},
+            "calibration": solo, "efficiency_formula": EFFICIENCY_FORMULA}
+
+
+def factors_from_summary(s: dict[str, Any]) -> list[list[float]] | None:
+    from lightning_straggler.config import load_config
+
+    try:
+        cfg = load_config(s["config"])
+    except Exception:  # noqa: BLE001  (a summary from another version: no ideal rather than no report)
+        return None
+    steps = max(v["steps"] for v in s["per_rank"].values())
+    return factor_table(cfg.straggler, int(s["world_size"]), steps)
+
+
+# --- reports ------------------------------------------------------------------------------------
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _cellfmt(d: dict[str, Any], spec: str) -> str:
+    if d["median"] is None:
+        return "-"
+    if d["n"] == 1:
+        return format(d["median"], spec)
+    return f"{format(d['median'], spec)} [{format(d['min'], spec)}–{format(d['max'], spec)}]"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    st = report["settings"]
+    out = [f"# Benchmark matrix {report['stamp']}", "",
+           (f"{len(st['algorithms'])} algorithms x {len(st['scenarios'])} scenarios x world sizes {st['world_sizes']} x "
+           f"seeds {st['seeds']}; {st['steps_by_world']} optimizer steps per run (by world size), batch "
+           f"{st['batch']} per worker, MNIST-1D MLP; device time EMULATED ({st['device_ms']} ms/sample x slowdown "
+           f"factor); target accuracy {st['target_acc']}. Median over seeds, [min–max] where more than one seed."),
+           "", (f"Load average (1/5/15 min) at start {report['load_avg']['start']}, at end {report['load_avg']['end']}; "
+           f"{report['cpu_count']} CPUs; total {report['total_runtime_s']:.0f} s."), "",
+           f"Efficiency: {EFFICIENCY_FORMULA}.", "",
+           ("| N | scenario | algorithm | ok | samples/s | / ring | efficiency | ideal samples/s "
+           f"| time to {st['target_acc']} (s) | ttt / ring | reached | val acc | acc − ring (pts) |"),
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in report["cells"]:
+        out.append(f"| {c['world_size']} | {c['scenario']} | {c['algorithm']} | {c['ok']}/{c['runs']} "
+                   f"| {_cellfmt(c['throughput'], '.0f')} | {_cellfmt(c['throughput_ratio_to_ring'], '.2f')} "
+                   f"| {_cellfmt(c['efficiency'], '.2f')} | {_cellfmt(c['ideal'], '.0f')} "
+                   f"| {_cellfmt(c['time_to_target_s'], '.1f')} | {_cellfmt(c['ttt_ratio_to_ring'], '.2f')} "
+                   f"| {c['reached_target']}/{c['ok']} | {_cellfmt(c['val_acc'], '.3f')} "
+                   f"| {_cellfmt(c['acc_diff_points_vs_ring'], '+.1f')} |")
+    out += ["", "## Solo calibration (1 worker alone, same emulation)", "",
+            "| factor | r(f) samples/s (p50 step) | s/sample | train_samples / wall_s | steps |",
+            "|---:|---:|---:|---:|---:|"]
+    for v in sorted(report["calibration"].values(), key=lambda v: v["factor"]):
+        out.append(f"| {v['factor']:g} | {_f(v.get('rate'), '.1f')} | {_f(1 / v['rate'] if v.get('rate') else None, '.5f')} "
+                   f"| {v['throughput']:.1f} | {v['steps']} |")
+    out += ["", "## All-reduce transfer per step (t_ar)", ""]
+    out += [f"- {k}: {_f(1e3 * v['t_ar_s'] if v['t_ar_s'] is not None else None, '.2f')} ms ({v['source']})"
+            for k, v in report["comm_cost"].items()] or ["- not measured (no ring / none run)"]
+    out += ["", "## Scenarios", ""] + [f"- `{k}`: {v}" for k, v in report["scenario_descriptions"].items()]
+    failed = [r for r in report["runs"] if "error" in r]
+    if failed:
+        out += ["", "## Failed runs", ""] + [f"- {run_name(r['algorithm'], r['scenario'], r['world_size'], r['seed'])}: "
+                                             f"{r['error'][:300]}" for r in failed]
+    out += ["", "## Plots", ""] + [f"- {os.path.basename(p)}" for p in report.get("plots", [])]
+    return "\n".join(out) + "\n"
+
+
+def plots(report: dict[str, Any], out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st, made = report["settings"], []
+    worlds, scen = st["world_sizes"], st["scenarios"]
+    algos = [a for a in ALGORITHMS if a in st["algorithms"]]
+    colors = {a: plt.get_cmap("tab10")(i) for i, a in enumerate(ALGORITHMS)}
+    cells = {(c["world_size"], c["scenario"], c["algorithm"]): c for c in report["cells"]}
+    for metric, fname, label in (("throughput", "throughput.png", "samples/s (median, min–max)"),
+                                 ("efficiency", "efficiency.png", "efficiency = throughput / ideal")):
+        fig, axes = plt.subplots(len(worlds), 1, figsize=(max(6, 1.6 * len(scen) * max(1, len(algos)) / 3), 3.2 * len(worlds)),
+                                 squeeze=False)
+        w = 0.8 / max(1, len(algos))
+        for ax, n in zip(axes[:, 0], worlds):
+            for j, a in enumerate(algos):
+                xs, ys, lo, hi = [], [], [], []
+                for i, sc in enumerate(scen):
+                    d = cells.get((n, sc, a), {}).get(metric)
+                    if d and d["median"] is not None:
+                        xs.append(i + (j - (len(algos) - 1) / 2) * w)
+                        ys.append(d["median"])
+                        lo.append(d["median"] - d["min"])
+                        hi.append(d["max"] - d["median"])
+                ax.bar(xs, ys, w, yerr=[lo, hi] if xs else None, color=colors[a], label=a, capsize=2)
+            ax.set_xticks(range(len(scen)), scen)
+            ax.set_ylabel(label, fontsize=8)
+            ax.set_title(f"{metric} per scenario, N={n}", fontsize=9)
+            if metric == "efficiency":
+                ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.legend(fontsize=7, ncol=len(algos))
+        fig.tight_layout()
+        p = os.path.join(out, fname)
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+
+    # validation accuracy against wall time: one panel per (N, scenario), one line per run
+    fig, axes = plt.subplots(len(worlds), len(scen), figsize=(3.4 * len(scen), 2.8 * len(worlds)), squeeze=False)
+    for i, n in enumerate(worlds):
+        for j, sc in enumerate(scen):
+            ax = axes[i, j]
+            for r in report["runs"]:
+                if (r["world_size"], r["scenario"]) == (n, sc) and r.get("val_history"):
+                    t, acc = zip(*r["val_history"])
+                    ax.plot(t, acc, marker=".", color=colors[r["algorithm"]], lw=1, alpha=0.8,
+                            label=r["algorithm"] if r["seed"] == st["seeds"][0] else None)
+            ax.axhline(st["target_acc"], color="grey", lw=0.6, ls=":")
+            ax.set_title(f"N={n} {sc}", fontsize=9)
+            ax.set_xlabel("wall time (s)", fontsize=8)
+            ax.set_ylabel("val acc", fontsize=8)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    p = os.path.join(out, "accuracy_vs_time.png")
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    made.append(p)
+
+    # per-rank timelines: the profiler's own PNG of one run per algorithm, copied and combined
+    chosen = [r for r in report["runs"] if r.get("timeline_png") and os.path.exists(r["timeline_png"])]
+    picks = {}
+    for r in sorted(chosen, key=lambda r: (r["scenario"] == "none", r["world_size"], r["seed"])):
+        picks.setdefault(r["algorithm"], r)
+    if picks:
+        tdir = os.path.join(out, "timelines")
+        os.makedirs(tdir, exist_ok=True)
+        fig, axes = plt.subplots(len(picks), 1, figsize=(10, 3.2 * len(picks)), squeeze=False)
+        for ax, a in zip(axes[:, 0], [a for a in ALGORITHMS if a in picks]):
+            r = picks[a]
+            dst = os.path.join(tdir, f"{run_name(a, r['scenario'], r['world_size'], r['seed'])}.png")
+            shutil.copyfile(r["timeline_png"], dst)
+            made.append(dst)
+            ax.imshow(plt.imread(dst))
+            ax.set_axis_off()
+            ax.set_title(f"{a}: {r['scenario']}, N={r['world_size']}, seed {r['seed']}", fontsize=9)
+        fig.tight_layout()
+        p = os.path.join(out, "timelines.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        made.append(p)
+    return made
+
+
+def describe(plan: Plan) -> dict[str, str]:
+    out = {}
+    for sc in plan.args.scenarios:
+        cs = [c for c in plan.cells if c["scenario"] == sc and c["algorithm"] == plan.args.algorithms[0]]
+        per = sorted({(c["world_size"], c["seed"] if c["seed_dependent"] else None, " ".join(c["extra"])) for c in cs},
+                     key=lambda t: (t[0], -1 if t[1] is None else t[1]))
+        txt = "; ".join(f"N={n}{'' if sd is None else f' seed {sd}'}: {ex or '(the file as it is)'}" for n, sd, ex in per)
+        out[sc] = f"straggler={sc} (scenario: {plan.kinds[sc]}); {txt}"
+    return out
+
+
+def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str, Any]], solo: dict[str, Any],
+           commands: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    a = plan.args
+    factors = {run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"]): c["factors"] for c in plan.cells}
+    agg = aggregate(runs, solo, factors, plan.batch)
+    report = {
+        "what": "benchmarks.matrix: algorithms x straggler scenarios x world sizes x seeds (see the module docstring)",
+        "stamp": os.path.basename(out.rstrip("/")), "mode": mode,
+        "settings": {"algorithms": a.algorithms, "scenarios": a.scenarios, "world_sizes": a.world_sizes,
+                     "seeds": a.seeds_list, "steps_by_world": {str(n): plan.steps(n) for n in a.world_sizes},
+                     "epochs": a.epochs, "device_ms": a.device_ms, "batch": plan.batch, "num_samples": plan.num_samples,
+                     "target_acc": a.target_acc, "threads_per_worker": a.threads,
+                     "val_check_interval_steps": {str(n): plan.val_every(n, plan.steps(n)) for n in a.world_sizes}, "solo_steps": plan.solo_steps,
+                     "solo_val_check_interval_steps": plan.solo_val, "timeline_scenario": a.timeline_scenario,
+                     "emulated": f"device time EMULATED: every batch sleeps factor x {a.device_ms} ms per sample after "
+                                 "backward, plus (factor - 1) x its real compute"},
+        "scenario_descriptions": describe(plan),
+        "commands": commands, "load_avg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+        "cpu_count": os.cpu_count(), "total_runtime_s": time.time() - started, "output_dir": out,
+        **agg,
+    }
+    report["plots"] = []
+    try:
+        report["plots"] = plots(report, out)
+    except Exception as e:  # noqa: BLE001  the numbers matter more than the pictures
+        report["plot_error"] = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    md = markdown(report)
+    with open(os.path.join(out, "matrix.md"), "w") as f:
+        f.write(md)
+    return report
+
+
+# --- running ------------------------------------------------------------------------------------
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_train(overrides: list[str], run_dir: str, timeout_s: float, multirun: bool = False,
+              threads: int = 1) -> dict[str, Any]:
+    """One ``python -m lightning_straggler.train`` process; its own process group so a timeout ends it whole."""
+    cmd = [sys.executable, "-m", "lightning_straggler.train", *(["-m"] if multirun else []), *overrides]
+    os.makedirs(run_dir, exist_ok=True)
+    log = os.path.join(run_dir, "train.log")
+    t0 = time.time()
+    with open(log, "w") as f:
+        # the same torch threads in every worker, solo or not: 2 OpenMP threads per process on an
+        # oversubscribed machine spin-wait (a solo step took 4x a 2-worker one's)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = None
+    rec = {"command": f"OMP_NUM_THREADS={threads} " + shlex.join(cmd), "returncode": rc, "seconds": time.time() - t0, "log": log,
+           "load_avg_before": None}
+    if rc != 0:
+        with open(log) as f:
+            tail = f.read()[-1500:]
+        rec["error"] = (f"timed out after {timeout_s:.0f} s" if rc is None else f"exit code {rc}") + f"; log tail: {tail}"
+    return rec
+
+
+def run_direct(plan: Plan, out: str, started: float) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    a = plan.args
+    commands: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    total = len(plan.solo) + len(plan.cells)
+    done_s: list[float] = []
+
+    def progress(i: int, label: str, rec: dict[str, Any]) -> None:
+        done_s.append(rec["seconds"])
+        el = time.time() - started
+        eta = statistics.mean(done_s) * (total - i)
+        status = "FAILED" if "error" in rec else "ok"
+        print(f"[matrix] {i}/{total} {label}: {status} in {rec['seconds']:.0f} s{rec.get('brief', '')} | elapsed "
+              f"{el / 60:.1f} min, ETA {eta / 60:.1f} min, load {os.getloadavg()[0]:.1f}", flush=True)
+
+    i = 0
+    for s in plan.solo:
+        i += 1
+        d = os.path.join(out, "solo", f"f{s['factor']:g}")
+        load = _load()
+        rec = run_train(s["overrides"] + [f"output_dir={d}", f"hydra.run.dir={d}"], d, a.run_timeout, threads=a.threads)
+        rec.update(kind="solo", factor=s["factor"], load_avg_before=load)
+        if "error" not in rec:
+            with open(os.path.join(d, "summary.json")) as f:
+                rec["brief"] = f", {json.load(f)['throughput_samples_per_s']:.0f} samples/s"
+        commands.append(rec)
+        progress(i, f"solo factor {s['factor']:g}", rec)
+    for c in plan.cells:
+        i += 1
+        name = run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"])
+        d = os.path.join(out, "runs", name)
+        plot = c["scenario"] == a.timeline_scenario and c["seed"] == a.seeds_list[0]
+        load = _load()
+        rec = run_train(c["overrides"] + [f"profiler.plot={str(plot).lower()}", f"output_dir={d}", f"hydra.run.dir={d}"],
+                        d, a.run_timeout, threads=a.threads)
+        rec.update(kind="cell", run=name, load_avg_before=load)
+        if "error" in rec:
+            errors[name] = rec["error"]
+        else:
+            with open(os.path.join(d, "summary.json")) as f:
+                s = json.load(f)
+            rec["brief"] = (f", {s['throughput_samples_per_s']:.0f} samples/s, val_acc {_f(s['val_acc'], '.3f')}, "
+                            f"wall {s['wall_s']:.1f} s + launch {s.get('launch_s', 0):.1f} s")
+        commands.append(rec)
+        progress(i, name, rec)
+    for rec in commands:
+        rec.pop("brief", None)
+    runs = load_runs(os.path.join(out, "runs"), plan.cells, errors)
+    return runs, load_solo(os.path.join(out, "solo")), commands
+
+
+def sweep_invocations(plan: Plan, out: str, launcher: str | None) -> list[dict[str, Any]]:
+    """Hydra multirun command lines covering the grid: one per (scenario, N), and per seed where the
+    scenario's overrides depend on it; algorithms and seeds are swept inside each."""
+    a = plan.args
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in plan.cells:
+        key = (c["scenario"], c["world_size"], c["seed"] if c["seed_dependent"] else None, tuple(c["extra"]))
+        groups.setdefault(key, []).append(c)
+    launch = [f"hydra/launcher={launcher}"] if launcher else []
+    inv = []
+    solo_f = ",".join(f"[{s['factor']}]" for s in plan.solo)
+    if plan.solo:
+        ov = [o for o in plan.solo[0]["overrides"] if not o.startswith("straggler.factors=")]
+        inv.append({"kind": "solo", "overrides": ov + [f"straggler.factors={solo_f}", *launch,
+                                                       f"hydra.sweep.dir={os.path.join(out, 'solo')}",
+                                                       "hydra.sweep.subdir=solo${hydra.job.num}"]})
+    for (sc, n, sd, extra), cs in groups.items():
+        seeds = sorted({c["seed"] for c in cs})
+        algos = [x for x in a.algorithms if any(c["algorithm"] == x for c in cs)]
+        plot = "true" if sc == a.timeline_scenario else "false"
+        ov = [f"algorithm={','.join(algos)}", f"straggler={sc}", *extra, *plan.common(n, plan.steps(n)),
+              f"seed={','.join(map(str, seeds))}", f"profiler.plot={plot}", *launch,
+              f"hydra.sweep.dir={os.path.join(out, 'runs')}",
+              f"hydra.sweep.subdir=${{algorithm.name}}_{sc}_N{n}_seed${{seed}}"]
+        inv.append({"kind": "cells", "scenario": sc, "world_size": n, "overrides": ov})
+    return inv
+
+
+def run_sweep(plan: Plan, out: str, started: float, launcher: str | None):
+    commands = []
+    invs = sweep_invocations(plan, out, launcher)
+    for i, inv in enumerate(invs, 1):
+        d = os.path.join(out, "sweep_logs", f"{i:02d}_{inv['kind']}")
+        load = _load()
+        rec = run_train(inv["overrides"], d, plan.args.run_timeout * 40, multirun=True, threads=plan.args.threads)
+        rec.update(kind=f"multirun ({inv['kind']})", load_avg_before=load)
+        commands.append(rec)
+        print(f"[matrix] multirun {i}/{len(invs)} ({inv['kind']} {inv.get('scenario', '')} N={inv.get('world_size', 1)}): "
+              f"{'FAILED' if 'error' in rec else 'ok'} in {rec['seconds']:.0f} s | elapsed {(time.time() - started) / 60:.1f} min",
+              flush=True)
+    return load_runs(os.path.join(out, "runs"), plan.cells), load_solo(os.path.join(out, "solo")), commands
+
+
+# --- command line -------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.matrix", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help=f"one seed, world size {QUICK['world_sizes']}, scenarios {QUICK['scenarios']}, all algorithms, "
+                         f"{QUICK['steps']} steps (options given explicitly still win)")
+    ap.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None,
+                    help=f"default: all of {', '.join(ALGORITHMS)}; ring is always added (the reference)")
+    ap.add_argument("--scenarios", nargs="+", default=None,
+                    help=f"names of conf/straggler/<name>.yaml (default: {' '.join(SCENARIOS)})")
+    ap.add_argument("--world-sizes", nargs="+", type=int, default=None, help="workers per run (default 4 8)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per cell, 0..seeds-1 (default 3; quick 1)")
+    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (default 0)")
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None,
+                        help=f"optimizer steps per run, the same at every world size (default {DEFAULT_STEPS}; quick "
+                             f"{QUICK['steps']})")
+    length.add_argument("--epochs", type=int, default=None, help="epochs per run instead (steps then depend on N)")
+    ap.add_argument("--device-ms", type=float, default=DEFAULT_DEVICE_MS,
+                    help=f"emulated device ms per sample at factor 1 (default {DEFAULT_DEVICE_MS})")
+    ap.add_argument("--target-acc", type=float, default=None,
+                    help=f"target validation accuracy (default {DEFAULT_TARGET_ACC}; quick {QUICK['target_acc']})")
+    ap.add_argument("--timeline-scenario", default=None,
+                    help="scenario whose first-seed runs draw a per-rank timeline (default: the first straggler scenario)")
+    ap.add_argument("--output-dir", default=None, help="default benchmarks/results/matrix/<stamp>")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per worker process, solo runs included (OMP_NUM_THREADS; default 1)")
+    ap.add_argument("--run-timeout", type=float, default=900, help="seconds per run before it is stopped (default 900)")
+    ap.add_argument("--sweep", action="store_true", help="run the grid through Hydra multirun (-m)")
+    ap.add_argument("--launcher", default=None,
+                    help="with --sweep: a Hydra launcher of conf/hydra/launcher/ (e.g. submitit_slurm)")
+    ap.add_argument("--aggregate-only", metavar="DIR", default=None,
+                    help="re-aggregate an existing output directory (its runs/ and solo/) without running anything")
+    ap.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
+    a = ap.parse_args(argv)
+
+    def bad(option: str, msg: str) -> None:
+        ap.error(f"{option}: {msg}")
+
+    a.algorithms = list(a.algorithms or ALGORITHMS)
+    if "ring" not in a.algorithms:
+        a.algorithms.insert(0, "ring")
+    a.algorithms = [x for x in ALGORITHMS if x in a.algorithms]
+    known = available_scenarios()
+    a.scenarios = list(dict.fromkeys(a.scenarios or (QUICK["scenarios"] if a.quick else SCENARIOS)))
+    for sc in a.scenarios:
+        if sc not in known:
+            bad("--scenarios", f"invalid choice {sc!r} (choose from the files in conf/straggler/: {', '.join(known)})")
+    a.world_sizes = list(dict.fromkeys(a.world_sizes or (QUICK["world_sizes"] if a.quick else [4, 8])))
+    from lightning_straggler.config import max_local_workers
+
+    limit = max_local_workers()
+    for n in a.world_sizes:
+        if not 2 <= n <= limit:
+            bad("--world-sizes", f"each must be in 2..{limit} (got {n})")
+    a.seeds = a.seeds if a.seeds is not None else (QUICK["seeds"] if a.quick else 3)
+    if a.seeds < 1:
+        bad("--seeds", f"must be >= 1 (got {a.seeds})")
+    if a.seed_offset < 0:
+        bad("--seed-offset", f"must be >= 0 (got {a.seed_offset})")
+    a.seeds_list = list(range(a.seed_offset, a.seed_offset + a.seeds))
+    if a.epochs is None and a.steps is None:
+        a.steps = QUICK["steps"] if a.quick else DEFAULT_STEPS
+    if a.steps is not None and a.steps < 3:
+        bad("--steps", f"must be >= 3 (got {a.steps})")
+    if a.epochs is not None and a.epochs < 1:
+        bad("--epochs", f"must be >= 1 (got {a.epochs})")
+    if a.device_ms < 0:
+        bad("--device-ms", f"must be >= 0 (got {a.device_ms})")
+    a.target_acc = a.target_acc if a.target_acc is not None else (QUICK["target_acc"] if a.quick else DEFAULT_TARGET_ACC)
+    if not 0 < a.target_acc <= 1:
+        bad("--target-acc", f"must be in (0, 1] (got {a.target_acc})")
+    if a.timeline_scenario is None:
+        a.timeline_scenario = next((s for s in a.scenarios if s != "none"), a.scenarios[0])
+    elif a.timeline_scenario not in a.scenarios:
+        bad("--timeline-scenario", f"must be one of the --scenarios ({', '.join(a.scenarios)}) (got {a.timeline_scenario!r})")
+    if a.threads < 1:
+        bad("--threads", f"must be >= 1 (got {a.threads})")
+    if a.run_timeout <= 0:
+        bad("--run-timeout", f"must be > 0 (got {a.run_timeout})")
+    if a.launcher is not None:
+        if not a.sweep:
+            bad("--launcher", "only with --sweep")
+        launchers = sorted(os.path.splitext(p)[0] for p in os.listdir(os.path.join(CONF, "hydra", "launcher")))
+        if a.launcher not in launchers + ["basic"]:
+            bad("--launcher", f"invalid choice {a.launcher!r} (choose from basic, {', '.join(launchers)})")
+    if a.aggregate_only and not os.path.isdir(os.path.join(a.aggregate_only, "runs")):
+        bad("--aggregate-only", f"{a.aggregate_only} has no runs/ directory")
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    started, load_start = time.time(), _load()
+    plan = Plan(a)
+    try:
+        plan.build()
+    except Exception as e:  # noqa: BLE001  (any composition or validation error, before anything runs)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    stamp = time.strftime("%Y%m%d-%H%M%S") + ("-quick" if a.quick else "") + ("-sweep" if a.sweep else "")
+    out = os.path.abspath(a.aggregate_only or a.output_dir or os.path.join(RESULTS, stamp))
+    print(f"[matrix] {len(a.algorithms)} algorithms {a.algorithms} x {len(a.scenarios)} scenarios {a.scenarios} x "
+          f"N {a.world_sizes} x seeds {a.seeds_list}: {len(plan.cells)} runs + {len(plan.solo)} solo calibration runs "
+          f"(factors {[s['factor'] for s in plan.solo]}); steps per run {[plan.steps(n) for n in a.world_sizes]}; "
+          f"device time EMULATED {a.device_ms} ms/sample x factor; load avg {load_start}; output {out}", flush=True)
+    if a.dry_run:
+        for c in plan.cells:
+            print("  python -m lightning_straggler.train " + shlex.join(c["overrides"]))
+        if a.sweep:
+            for inv in sweep_invocations(plan, out, a.launcher):
+                print("  python -m lightning_straggler.train -m " + shlex.join(inv["overrides"]))
+        return {}
+    os.makedirs(out, exist_ok=True)
+    if a.aggregate_only:
+        runs = load_runs(os.path.join(out, "runs"), plan.cells)
+        solo, commands, mode = load_solo(os.path.join(out, "solo")), [], "aggregate-only"
+        prev = os.path.join(out, "summary.json")
+        if os.path.exists(prev):
+            with open(prev) as f:
+                commands = json.load(f).get("commands", [])
+    elif a.sweep:
+        runs, solo, commands = run_sweep(plan, out, started, a.launcher)
+        mode = "sweep"
+    else:
+        runs, solo, commands = run_direct(plan, out, started)
+        mode = "quick" if a.quick else "direct"
+    report = finish(plan, out, started, load_start, runs, solo, commands, mode)
+    print()
+    print(markdown(report))
+    print(f"[matrix] wrote {out}/summary.json, matrix.md and {len(report['plots'])} plots in "
+          f"{report['total_runtime_s'] / 60:.1f} min", flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""benchmarks.matrix: the ideal-rate and aggregation arithmetic on constructed inputs (no processes),
+option errors, and the real path on a tiny grid (2 workers, ring and dpar, few steps)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from benchmarks import matrix as m
+
+
+# --- pure arithmetic ----------------------------------------------------------------------------
+def test_seconds_per_sample_exact_between_and_outside():
+    cal = {1.0: 400.0, 4.0: 100.0, 10.0: 40.0}
+    assert m.seconds_per_sample(1.0, cal) == pytest.approx(1 / 400)
+    assert m.seconds_per_sample(4.0, cal) == pytest.approx(1 / 100)
+    assert m.seconds_per_sample(10.0, cal) == pytest.approx(1 / 40)
+    # linear in f between measured factors
+    assert m.seconds_per_sample(2.5, cal) == pytest.approx((1 / 400 + 1 / 100) / 2)
+    assert m.seconds_per_sample(7.0, cal) == pytest.approx((1 / 100 + 1 / 40) / 2)
+    # beyond the last point: the last segment extended
+    slope = (1 / 40 - 1 / 100) / 6
+    assert m.seconds_per_sample(13.0, cal) == pytest.approx(1 / 40 + 3 * slope)
+    # one point: proportional to the factor
+    assert m.seconds_per_sample(3.0, {1.0: 500.0}) == pytest.approx(3 / 500)
+    with pytest.raises(ValueError):
+        m.seconds_per_sample(1.0, {})
+
+
+def test_worker_rates_are_time_weighted():
+    cal = {1.0: 400.0, 4.0: 100.0}
+    # constant factors: the solo rates themselves
+    assert m.worker_rates([[1.0] * 9, [4.0] * 9], cal) == pytest.approx([400.0, 100.0])
+    # a third of the steps at 4x: samples / time = 3 / (2/400 + 1/100)
+    assert m.worker_rates([[1.0, 4.0, 1.0]], cal)[0] == pytest.approx(3 / (2 / 400 + 1 / 100))
+
+
+def test_ideal_throughput_formula():
+    assert m.ideal_throughput([400.0, 400.0], 64, 0.0) == pytest.approx(800.0)
+    # G = 64 samples per step at 800/s is 80 ms, plus 20 ms all-reduce: 640 samples/s
+    assert m.ideal_throughput([400.0, 400.0], 64, 0.02) == pytest.approx(640.0)
+    assert m.ideal_throughput([400.0, 100.0, 100.0], 96, 0.0) == pytest.approx(600.0)
+
+
+def test_allreduce_cost_excludes_waiting():
+    s = {"per_rank": {"0": {"steps": 10, "comm_s": {"total": 0.5}, "wait_s": {"total": 0.3}},
+                      "1": {"steps": 10, "comm_s": {"total": 0.2}, "wait_s": {"total": 0.0}}}}
+    assert m.allreduce_cost(s) == pytest.approx(0.02)
+    assert m.allreduce_cost({"per_rank": {}}) is None
+
+
+def test_spread_and_run_names():
+    assert m.spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert m.spread([None])["median"] is None
+    name = m.run_name("dssync", "my_schedule", 8, 2)
+    assert name == "dssync_my_schedule_N8_seed2"
+    assert m.parse_run_name(name) == {"algorithm": "dssync", "scenario": "my_schedule", "world_size": 8, "seed": 2}
+    assert m.parse_run_name("solo0") is None and m.parse_run_name("sgd_none_N4_seed0") is None
+
+
+def test_scenario_overrides():
+    ov, dep = m.scenario_overrides("mix3", "static", 8, 124, 0)
+    assert not dep and ov == ["straggler.factors=[1.0,1.0,1.0,1.667,1.667,1.667,3.333,3.333]"]
+    ov, dep = m.scenario_overrides("transient4x", "transient", 4, 90, 0)
+    assert not dep and ov == ["straggler.events=[{rank:3,factor:4.0,start_step:30,end_step:60}]"]
+    a, dep = m.scenario_overrides("random2", "transient", 8, 60, 1)
+    assert dep and a == m.scenario_overrides("random2", "transient", 8, 60, 1)[0]
+    assert a != m.scenario_overrides("random2", "transient", 8, 60, 2)[0]
+    ev = m.random2_events(5, 8, 60)
+    assert len({e["rank"] for e in ev}) == 2 and all(e["end_step"] - e["start_step"] == 20 for e in ev)
+    assert all(0 <= e["start_step"] and e["end_step"] <= 60 for e in ev)
+    assert m.scenario_overrides("random", "random", 4, 60, 3) == (["straggler.seed=${seed}"], False)
+    assert m.scenario_overrides("permanent10x", "transient", 4, 60, 0) == ([], False)
+
+
+def test_solo_factors():
+    assert m.solo_factors([[[1.0, 4.0], [1.0, 1.0]], [[10.0, 1.0]]]) == [1.0, 4.0, 10.0]
+    many = [[[1.0 + i / 10 for i in range(30)]]]
+    assert m.solo_factors(many) == [1.0, 3.9]
+
+
+def _summary(algo, n, thr, ttt, acc, comm=0.2, wait=0.1, steps=10, batch=32):
+    per_rank = {str(r): {"steps": steps, "samples": steps * batch, "comm_s": {"total": comm, "mean": comm / steps},
+                         "wait_s": {"total": wait if r else 0.0}, "compute_s": {"total": 1.0}} for r in range(n)}
+    return {"algorithm": algo, "world_size": n, "throughput_samples_per_s": thr, "time_to_target_s": ttt,
+            "val_acc": acc, "wall_s": 1.0, "launch_s": 5.0, "train_samples": n * steps * batch,
+            "per_rank": per_rank, "val_history": [{"elapsed_s": 0.5, "step": 5, "val_acc": acc}],
+            "timeline_png": None, "config": {"data": {"batch_size": batch}}}
+
+
+def test_aggregate_ratios_efficiency_and_errors():
+    solo = {"1": {"factor": 1.0, "rate": 400.0}, "4": {"factor": 4.0, "rate": 100.0}}
+    f_none = [[1.0] * 10, [1.0] * 10]
+    f_slow = [[1.0] * 10, [4.0] * 10]
+    runs = []
+    for sd, scale in ((0, 1.0), (1, 1.2)):
+        runs += [
+            {"algorithm": "ring", "scenario": "none", "world_size": 2, "seed": sd,
+             "summary": _summary("ring", 2, 600.0 * scale, 2.0, 0.5, comm=0.2, wait=0.1)},
+            {"algorithm": "dpar", "scenario": "none", "world_size": 2, "seed": sd,
+             "summary": _summary("dpar", 2, 660.0 * scale, 1.0, 0.52)},
+            {"algorithm": "ring", "scenario": "slow", "world_size": 2, "seed": sd,
+             "summary": _summary("ring", 2, 150.0 * scale, None, 0.4)},
+        ]
+    runs.append({"algorithm": "dpar", "scenario": "slow", "world_size": 2, "seed": 0, "error": "exit code 1"})
+    factors = {}
+    for r in runs:
+        factors[m.run_name(r["algorithm"], r["scenario"], 2, r["seed"])] = f_none if r["scenario"] == "none" else f_slow
+    agg = m.aggregate(runs, solo, factors)
+    cells = {(c["scenario"], c["algorithm"]): c for c in agg["cells"]}
+    ring = cells[("none", "ring")]
+    assert ring["throughput_ratio_to_ring"] == {"median": 1.0, "min": 1.0, "max": 1.0, "n": 2}
+    assert cells[("none", "dpar")]["throughput_ratio_to_ring"]["median"] == pytest.approx(1.1)
+    assert cells[("none", "dpar")]["ttt_ratio_to_ring"]["median"] == pytest.approx(0.5)
+    assert cells[("none", "dpar")]["acc_diff_points_vs_ring"]["median"] == pytest.approx(2.0)
+    # t_ar: ranks' (comm - wait) / steps = (0.02 + 0.01) / 2 = 15 ms; ideal = 64 / (64 / 800 + 0.015)
+    ideal = 64 / (64 / 800 + 0.015)
+    assert agg["comm_cost"]["N2_seed0"]["t_ar_s"] == pytest.approx(0.015)
+    run0 = next(r for r in agg["runs"] if (r["algorithm"], r["scenario"], r["seed"]) == ("ring", "none", 0))
+    assert run0["ideal"] == pytest.approx(ideal) and run0["efficiency"] == pytest.approx(600 / ideal)
+    assert ring["efficiency"]["min"] == pytest.approx(600 / ideal) and ring["efficiency"]["max"] == pytest.approx(720 / ideal)
+    # the slow scenario's ideal uses the slow worker's solo rate, and the same t_ar (ring / none)
+    slow = next(r for r in agg["runs"] if (r["algorithm"], r["scenario"], r["seed"]) == ("ring", "slow", 0))
+    assert slow["ideal"] == pytest.approx(64 / (64 / 500 + 0.015)) and slow["t_ar_source"] == "ring_none_N2_seed0"
+    # a failed run is recorded and the cell keeps the other seeds' figures
+    bad = cells[("slow", "dpar")]
+    assert bad["ok"] == 0 and bad["runs"] == 1 and bad["errors"] == [{"seed": 0, "error": "exit code 1"}]
+    assert bad["throughput"]["median"] is None
+    assert cells[("slow", "ring")]["reached_target"] == 0
+
+
+def test_aggregate_without_ring_none_falls_back():
+    solo = {"1": {"factor": 1.0, "rate": 400.0}}
+    runs = [{"algorithm": "ring", "scenario": "x", "world_size": 2, "seed": 0,
+             "summary": _summary("ring", 2, 600.0, 1.0, 0.5)}]
+    agg = m.aggregate(runs, solo, {"ring_x_N2_seed0": [[1.0] * 10] * 2})
+    assert agg["runs"][0]["t_ar_source"] == "ring_x_N2_seed0"
+    agg = m.aggregate(runs, {}, {"ring_x_N2_seed0": [[1.0] * 10] * 2})
+    assert "efficiency" not in agg["runs"][0] and agg["cells"][0]["efficiency"]["median"] is None
+
+
+# --- options ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    (["--algorithms", "sgd"], ["--algorithms", "invalid choice", "ring", "boa"]),
+    (["--scenarios", "nope"], ["--scenarios", "nope", "none", "mix3", "permanent10x"]),
+    (["--world-sizes", "1"], ["--world-sizes", "2.."]),
+    (["--seeds", "0"], ["--seeds", ">= 1"]),
+    (["--steps", "1"], ["--steps", ">= 3"]),
+    (["--target-acc", "2"], ["--target-acc", "(0, 1]"]),
+    (["--launcher", "submitit_slurm"], ["--launcher", "--sweep"]),
+    (["--sweep", "--launcher", "pbs"], ["--launcher", "submitit_slurm"]),
+])
+def test_bad_options_name_the_option_and_the_allowed_values(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        m.parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_a_scenario_invalid_at_a_world_size_fails_before_anything_runs(capsys, tmp_path):
+    # permanent10x slows rank 3: not a rank of 2 workers
+    with pytest.raises(SystemExit) as e:
+        m.main(["--scenarios", "permanent10x", "--world-sizes", "2", "--output-dir", str(tmp_path / "x")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--scenarios permanent10x" in err and "straggler.events[0].rank" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_quick_plan_and_sweep_commands(capsys):
+    a = m.parse_args(["--quick", "--scenarios", "none", "mix3", "random2", "--world-sizes", "4", "8", "--seeds", "2"])
+    plan = m.Plan(a)
+    plan.build()
+    assert len(plan.cells) == 5 * 3 * 2 * 2
+    assert [s["factor"] for s in plan.solo] == [1.0, 1.667, 3.333, 4.0]
+    inv = m.sweep_invocations(plan, "/out", "submitit_slurm")
+    assert inv[0]["kind"] == "solo" and "straggler.factors=[1.0],[1.667],[3.333],[4.0]" in inv[0]["overrides"]
+    cells = [i for i in inv if i["kind"] == "cells"]
+    # none and mix3: one multirun per N; random2: per N and seed (its events depend on the seed)
+    assert len(cells) == 2 + 2 + 2 * 2
+    for i in cells:
+        assert "algorithm=ring,dpar,awar,dssync,boa" in i["overrides"]
+        assert "hydra/launcher=submitit_slurm" in i["overrides"]
+        assert f"hydra.sweep.subdir=${{algorithm.name}}_{i['scenario']}_N{i['world_size']}_seed${{seed}}" in i["overrides"]
+    assert sum("seed=0,1" in i["overrides"] for i in cells) == 4
+
+
+# --- the real thing, tiny ----------------------------------------------------------------------
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_tiny_grid_end_to_end(tmp_path):
+    out = tmp_path / "matrix"
+    report = m.main(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1",
+                     "--steps", "8", "--output-dir", str(out)])
+    for f in ("summary.json", "matrix.md", "throughput.png", "efficiency.png", "accuracy_vs_time.png", "timelines.png"):
+        assert (out / f).exists() and (out / f).stat().st_size > 0, f
+    for name in ("ring_none_N2_seed0", "dpar_none_N2_seed0"):
+        assert (out / "runs" / name / "summary.json").exists()
+    assert (out / "solo" / "f1" / "summary.json").exists()
+    s = json.loads((out / "summary.json").read_text())
+    assert s == json.loads(json.dumps(report, default=str))
+    for key in ("settings", "cells", "runs", "calibration", "comm_cost", "efficiency_formula", "commands", "load_avg",
+                "scenario_descriptions", "plots"):
+        assert key in s, key
+    assert len(s["load_avg"]["start"]) == 3 and len(s["load_avg"]["end"]) == 3
+    assert all("lightning_straggler.train" in c["command"] for c in s["commands"])
+    cells = {c["algorithm"]: c for c in s["cells"]}
+    assert set(cells) == {"ring", "dpar"} and all(c["ok"] == 1 and not c["errors"] for c in cells.values())
+    assert cells["ring"]["throughput_ratio_to_ring"]["median"] == pytest.approx(1.0)
+    run = {r["algorithm"]: r for r in s["runs"]}
+    assert run["dpar"]["throughput_ratio_to_ring"] == pytest.approx(
+        run["dpar"]["throughput"] / run["ring"]["throughput"])
+    for c in cells.values():
+        for k in ("throughput", "val_acc", "efficiency", "ideal"):
+            assert c[k]["n"] == 1 and c[k]["min"] <= c[k]["median"] <= c[k]["max"]
+        assert 0 < c["efficiency"]["median"] <= 1.5
+        assert math.isclose(c["efficiency"]["median"] * c["ideal"]["median"], c["throughput"]["median"], rel_tol=1e-9)
+    md = (out / "matrix.md").read_text()
+    assert "| 2 | none | ring |" in md and "| 2 | none | dpar |" in md and "efficiency" in md
+    assert os.path.exists(s["plots"][0])
