@@ -220,7 +220,8 @@ class HorovodLauncher(_MultiProcessingLauncher):
         procs = context.processes
         pending = {p.sentinel: i for i, p in enumerate(procs)}
         job_timeout = float(getattr(self._strategy, "job_timeout_s", 0.0) or 0.0)
-        deadline = time.monotonic() + job_timeout if job_timeout > 0 else None
+        deadline = getattr(self._strategy, "job_deadline", None) or (time.monotonic() + job_timeout)
+        deadline = deadline if job_timeout > 0 else None
         exits: Dict[int, int] = {}
         stall: Optional[str] = None
         timed_out = False

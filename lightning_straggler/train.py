@@ -34,14 +34,15 @@ def _output_dir(cfg) -> str:
         return os.getcwd()
 
 
-def build_strategy(cfg):
+def build_strategy(cfg, job_deadline: Optional[float] = None):
     from lightning_straggler.strategies import STRATEGIES
 
     cls, _ = STRATEGIES[cfg.algorithm.name]
     options = {k: v for k, v in asdict(cfg.algorithm).items() if k != "name"}
     strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, **options)
-    # read by the launcher; counts from each (re)start of the workers
+    # read by the launcher: the limit, and when it runs out (time.monotonic(); restarts included)
     strategy.job_timeout_s = cfg.trainer.job_timeout_s
+    strategy.job_deadline = job_deadline if cfg.trainer.job_timeout_s else None
     return strategy
 
 
@@ -85,9 +86,10 @@ def train(cfg: Any, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
     restarts: List[Dict[str, Any]] = []
     survivors = list(range(checked.trainer.devices))  # original ranks of the workers now running
     ckpt_path: Optional[str] = None
+    deadline = time.monotonic() + checked.trainer.job_timeout_s
     while True:
         try:
-            return _train_once(checked, ckpt_path, restarts, callbacks)
+            return _train_once(checked, ckpt_path, restarts, callbacks, deadline)
         except WorkerFailure as failure:
             keep = [i for i in range(len(survivors)) if i not in failure.dead_ranks]
             if len(restarts) >= allowed or not failure.dead_ranks or not keep:
@@ -130,7 +132,8 @@ class _AtomicCheckpointIO(TorchCheckpointIO):
         os.replace(tmp, path)
 
 
-def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], callbacks: Sequence[Any]) -> Dict[str, Any]:
+def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], callbacks: Sequence[Any],
+                job_deadline: Optional[float] = None) -> Dict[str, Any]:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -151,7 +154,7 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
                        momentum=cfg.model.momentum, weight_decay=cfg.model.weight_decay)
     profiler = WorkerProfiler(cfg.profiler.gather_every_n_steps, output_dir=out, plot=cfg.profiler.plot)
     injector = StragglerInjector(cfg.straggler.schedule(), cfg.straggler.device_ms_per_sample)
-    strategy = build_strategy(cfg)
+    strategy = build_strategy(cfg, job_deadline)
     t = cfg.trainer
     # checkpoints/last.ckpt at every epoch end (and every checkpoint_every_n_steps steps): what a restart
     # goes on from; written by rank 0, atomically

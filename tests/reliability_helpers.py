@@ -38,3 +38,28 @@ class StallRank(_AtStep):
 
     def act(self, trainer) -> None:
         trainer.strategy.comm.allreduce(torch.ones(1), tag="stall_probe")
+
+
+def _inet_addresses(pid: int):
+    import psutil
+
+    addrs = []
+    for c in psutil.Process(pid).net_connections(kind="inet"):
+        addrs.append(c.laddr.ip)
+        if c.raddr:
+            addrs.append(c.raddr.ip)
+    return addrs
+
+
+class SocketAddresses(Callback):
+    """At the second batch: every local and remote address of this worker's sockets (Gloo's pair
+    connections included) and of the launching process (the rendezvous server) must be loopback."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx != 1:
+            return
+        addrs = _inet_addresses(os.getpid()) + _inet_addresses(os.getppid())
+        bad = [a for a in addrs if not (a.startswith("127.") or a == "::1")]
+        strategy = trainer.strategy
+        trainer.callback_metrics["sockets_total"] = strategy.reduce(torch.tensor(float(len(addrs))), reduce_op="sum")
+        trainer.callback_metrics["sockets_not_loopback"] = strategy.reduce(torch.tensor(float(len(bad))), reduce_op="sum")

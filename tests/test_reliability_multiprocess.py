@@ -65,3 +65,32 @@ def test_stalled_collective_ends_the_job_naming_the_ranks_and_the_tensors(tmp_pa
     for rank in (0, 2, 3):
         assert f"rank {rank} waits in 'grads.all'" in message
     assert "trainer.stall_timeout_s=4" in message
+
+
+def test_every_socket_of_a_local_job_is_on_loopback(tmp_path):
+    """Gloo's listeners are gone once its pairs are connected, so check the connections themselves too."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_straggler import RingStrategy
+    from lightning_straggler.data import ArrayDataModule
+    from lightning_straggler.models import Classifier
+    from tests.reliability_helpers import SocketAddresses
+
+    data = ArrayDataModule("synthetic", num_samples=400, seed=1)._dataset("x", "y")
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=RingStrategy(), max_steps=3, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, callbacks=[SocketAddresses()])
+    trainer.fit(Classifier("mlp", 40, 10, hidden=[8]), train_dataloaders=DataLoader(data, batch_size=8))
+    assert trainer.callback_metrics["sockets_total"].item() >= 2 * 2  # each worker's Gloo pair + rendezvous
+    assert trainer.callback_metrics["sockets_not_loopback"].item() == 0
+
+
+def test_job_time_limit_ends_a_slow_job(tmp_path):
+    job = small_job(tmp_path, job_timeout_s=10)
+    job["straggler"] = {"scenario": "static", "factors": [1.0, 50.0], "device_ms_per_sample": 5.0}  # ~4 s a step
+    started = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        train(job)
+    assert info.value.kind == "timeout" and "trainer.job_timeout_s=10" in str(info.value)
+    assert time.monotonic() - started < 10 + 30  # the limit, then at most SIGTERM grace and SIGKILL
