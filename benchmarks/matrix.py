@@ -526,7 +526,8 @@ def plots(report: dict[str, Any], out: str) -> list[str]:
             ax.set_title(f"N={n} {sc}", fontsize=9)
             ax.set_xlabel("wall time (s)", fontsize=8)
             ax.set_ylabel("val acc", fontsize=8)
-            ax.legend(fontsize=6)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=6)
     fig.tight_layout()
     p = os.path.join(out, "accuracy_vs_time.png")
     fig.savefig(p, dpi=100)
@@ -590,6 +591,8 @@ def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str
         "cpu_count": os.cpu_count(), "total_runtime_s": time.time() - started, "output_dir": out,
         **agg,
     }
+    for k, v in getattr(a, "previous", {}).items():  # --aggregate-only keeps what the runs measured
+        report[k] = v
     report["plots"] = []
     try:
         report["plots"] = plots(report, out)
@@ -853,7 +856,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         prev = os.path.join(out, "summary.json")
         if os.path.exists(prev):
             with open(prev) as f:
-                commands = json.load(f).get("commands", [])
+                before = json.load(f)
+            commands = before.get("commands", [])
+            # the measuring invocation's load and duration, not this re-aggregation's
+            load_start = before.get("load_avg", {}).get("start", load_start)
+            a.previous = {k: before[k] for k in ("load_avg", "total_runtime_s", "mode") if k in before}
     elif a.sweep:
         runs, solo, commands = run_sweep(plan, out, started, a.launcher)
         mode = "sweep"
