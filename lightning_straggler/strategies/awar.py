@@ -93,6 +93,21 @@ class AwarStrategy(PartialGroupStrategy):
     def on_train_end(self) -> None:
         super().on_train_end()
         if self.global_rank == 0:
+    @override
+    def model_diverges(self) -> bool:
+        return len(self.group()) < self.world_size  # stragglers train their own copies until the next merge
+
+    @override
+    def strategy_state(self) -> dict:
+        state = super().strategy_state()
+        state["awar"] = {"states": list(self.states)}
+        return state
+
+    @override
+    def load_strategy_state(self, state: dict) -> None:
+        super().load_strategy_state(state)
+        self.states = list(state["awar"]["states"])
+
             self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
 
 

@@ -26,6 +26,7 @@ from typing_extensions import override
 
 from lightning_straggler.policies import boa as boa_policy
 from lightning_straggler.policies.boa_schedule import AllocationSchedule, epoch_permutation, rank_slice
+from lightning_straggler.profiling import StepRecord
 from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
 
@@ -37,16 +38,24 @@ class GlobalBatchSampler(Sampler[List[int]]):
         self.epoch = 0
         self.next_step = 0  # global step of the next batch to yield (Lightning prefetches one ahead)
         self.placeholders = 0
+        self.skip = 0  # batches of the next epoch already trained on before a resume
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    @property
+    def sampler(self) -> "GlobalBatchSampler":
+        # Lightning calls set_epoch on ``loader.batch_sampler.sampler`` only: without this every epoch
+        # would reuse epoch 0's permutation
+        return self
 
     def __len__(self) -> int:
         return self.num_samples // self.schedule.global_batch
 
     def __iter__(self) -> Iterator[List[int]]:
         perm = epoch_permutation(self.num_samples, self.seed, self.epoch)
-        for k in range(len(self)):
+        skip, self.skip = self.skip, 0
+        for k in range(skip, len(self)):
             indices, placeholder = rank_slice(perm, k, self.schedule.at(self.next_step), self.rank)
             self.placeholders += placeholder
             self.next_step += 1
@@ -101,6 +110,7 @@ class BoaStrategy(HorovodStrategy):
             self.record_event("allocation", batch_sizes=list(self.schedule.at(0)), reason="initial",
                               global_batch=self.schedule.global_batch)
         self.sampler = GlobalBatchSampler(len(dataloader.dataset), self.global_rank, self.schedule, self.seed)
+        self._resume_sampler()
         return DataLoader(dataloader.dataset, batch_sampler=self.sampler, collate_fn=dataloader.collate_fn,
                           num_workers=dataloader.num_workers, pin_memory=dataloader.pin_memory)
 
@@ -183,6 +193,48 @@ class BoaStrategy(HorovodStrategy):
         # rank 0's fastest recent all-reduce: the transfer alone, without waiting for stragglers
         comm = [r.comm_s for r in self.recorder.records[-self.window_steps:]]
         return min(comm) if comm else 0.0
+
+    @override
+    def gradient_sync_group(self) -> Sequence[int]:
+        return tuple(range(self.world_size))  # weighted gradients are summed over every rank
+
+    # --- exact resume -------------------------------------------------------------------------
+    @override
+    def strategy_state(self) -> dict:
+        state = super().strategy_state()
+        state["boa"] = {
+            "schedule": self.schedule.state() if self.schedule else None,
+            "points": [list(w) for w in self._points],  # rank 0's measurement history (the time models' data)
+            "window": [r.as_row() for r in self.recorder.records[self._window_start:]],  # the open window
+            "placeholders": self.sampler.placeholders if self.sampler else 0,
+        }
+        return state
+
+    @override
+    def load_strategy_state(self, state: dict) -> None:
+        super().load_strategy_state(state)
+        saved = state["boa"]
+        self._points = [[tuple(p) for p in w] for w in saved["points"]]
+        self.recorder.records = [StepRecord.from_row(r) for r in saved["window"]]
+        self.recorder.take_unsent()  # measured before the checkpoint: the profiler does not report them again
+        self._window_start = 0
+
+    def _resume_sampler(self) -> None:
+        """On resume, before the sampler yields anything: the saved allocations, and the batches of the
+        epoch the interrupted run had trained on are passed over."""
+        state = self._resumed_state()
+        if state is None or self.sampler is None:
+            return
+        saved = state["boa"]
+        if saved["schedule"] is not None:
+            schedule = AllocationSchedule(saved["schedule"]["sizes"][0])
+            for start, sizes in zip(saved["schedule"]["from"][1:], saved["schedule"]["sizes"][1:]):
+                schedule.change(start, sizes)
+            self.schedule = self.sampler.schedule = schedule
+        self.sampler.next_step = int(state["steps_done"])
+        self.sampler.placeholders = int(saved["placeholders"])
+        skip = self.resume_skip_batches()
+        self.sampler.skip = skip if skip < len(self.sampler) else 0
 
     @override
     def on_train_end(self) -> None:

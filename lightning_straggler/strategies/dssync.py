@@ -107,6 +107,28 @@ class DSSyncStrategy(HorovodStrategy):
         self.record_event("global_average", reason=reason, step=self.steps_done if step is None else step)
 
     @override
+    def gradient_sync_group(self) -> Optional[tuple]:
+        # params mode exchanges no gradients: each rank checks its own before its local step
+        return self._group if self.sync == "grads" and len(self._group) > 1 else None
+
+    @override
+    def model_diverges(self) -> bool:
+        # optimizer state (momentum) is always each rank's own; parameters too between global averages
+        return self.world_size > 1
+
+    @override
+    def strategy_state(self) -> dict:
+        state = super().strategy_state()
+        state["dssync"] = {"consensus": self._consensus, "group": list(self._group)}
+        return state
+
+    @override
+    def load_strategy_state(self, state: dict) -> None:
+        super().load_strategy_state(state)
+        self._consensus = bool(state["dssync"]["consensus"])
+        self._group = tuple(state["dssync"]["group"])
+
+    @override
     def on_validation_start(self) -> None:
         trainer = self.lightning_module.trainer
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:

@@ -8,10 +8,13 @@ synchronised in :meth:`synchronize_gradients` and :meth:`after_optimizer_step`.
 """
 from __future__ import annotations
 
+import io
 import os
+import random
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
 from lightning.pytorch.strategies.parallel import ParallelStrategy
@@ -19,11 +22,50 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.data import BatchSampler, DataLoader, Sampler
 from typing_extensions import override
 
 from lightning_straggler.comm import Collectives, HorovodCollectives
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
 from lightning_straggler.profiling import StepRecorder
+
+NONFINITE_POLICIES = ("error", "skip")
+# Key of this project's part of a Lightning checkpoint.
+CHECKPOINT_KEY = "lightning_straggler"
+
+
+class NonFiniteError(RuntimeError):
+    """A rank produced a non-finite loss or gradient (``nonfinite="error"``). The message names the rank."""
+
+
+def _all_finite(tensors: Sequence[Tensor]) -> bool:
+    # one reduction per tensor: NaN and inf survive a sum (inf + -inf is NaN)
+    return not tensors or bool(torch.isfinite(torch.stack([t.detach().sum() for t in tensors])).all())
+
+
+def _finite_loss(loss: Any) -> bool:
+    return not isinstance(loss, Tensor) or bool(torch.isfinite(loss.detach()).all())
+
+
+class SkipFirstBatches(Sampler[List[int]]):
+    """A batch sampler that passes over the first ``skip`` batches of its next epoch: a run resumed in
+    the middle of an epoch continues with the batches the interrupted run had not trained on yet
+    (Lightning restarts a plain DataLoader's epoch from its first batch)."""
+
+    def __init__(self, batch_sampler: Any, skip: int) -> None:
+        self.batch_sampler, self.skip = batch_sampler, int(skip)
+        # Lightning sets the epoch on ``loader.batch_sampler.sampler`` (the DistributedSampler)
+        self.sampler = getattr(batch_sampler, "sampler", None)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)  # the epoch's length: Lightning counts the skipped batches as done
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0  # only the epoch the run resumed in
+        for i, batch in enumerate(self.batch_sampler):
+            if i >= skip:
+                yield batch
+
 
 _REDUCE_OPS = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min", "product": "product"}
 
@@ -77,12 +119,18 @@ class HorovodStrategy(ParallelStrategy):
         precision_plugin=None,
         stall_timeout_s: float = 300.0,
         comm: Optional[Collectives] = None,
+        nonfinite: str = "error",
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s must be > 0 seconds (got {stall_timeout_s})")
         self.stall_timeout_s = float(stall_timeout_s)
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)} (got {nonfinite!r})")
+        self.nonfinite = nonfinite
+        self.nonfinite_skips = 0  # steps skipped for non-finite gradients (nonfinite="skip")
+        self._resume: Optional[Dict[str, Any]] = None  # this project's part of the checkpoint being resumed
         self.comm: Collectives = comm or HorovodCollectives()
         self.recorder = StepRecorder()
         self.events: List[Dict[str, Any]] = []
@@ -230,7 +278,9 @@ class HorovodStrategy(ParallelStrategy):
 
         output = super().optimizer_step(optimizer, closure_then_synchronize, model, **kwargs)
         started = time.perf_counter()
+            mine_bad = not (_all_finite(self._own_grads(optimizer)) and _finite_loss(result))
         self.after_optimizer_step(optimizer)
+            self._check_finite(optimizer, mine_bad, result)
         self.recorder.add_comm(time.perf_counter() - started)
         self.recorder.end_step(self.steps_done, group_leader=self.current_group_leader())
         self.steps_done += 1
@@ -275,6 +325,167 @@ class HorovodStrategy(ParallelStrategy):
         if not isinstance(tensor, Tensor) or not self.comm.initialized:
             return tensor
         op = _op_name(reduce_op)
+    # --- non-finite losses and gradients ----------------------------------------------------------
+    def gradient_sync_group(self) -> Optional[Sequence[int]]:
+        """Ranks whose gradients were averaged (or summed) together in the step just synchronised, or
+        ``None`` when this rank's gradients stayed its own (a local step). Algorithms that all-reduce
+        gradients override this; a wrong answer here would make the culprit search hang."""
+        return None
+
+    @staticmethod
+    def _own_grads(optimizer: Optimizer) -> List[Tensor]:
+        return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def _check_finite(self, optimizer: Optimizer, mine_bad: bool, loss: Any) -> None:
+        """After the gradient exchange. An average (or sum) is non-finite on every member iff some member
+        contributed a non-finite value, so every member takes the same branch and only then do they all
+        enter one named all-gather of per-rank flags to find the culprit: nothing extra on normal steps."""
+        group = self.gradient_sync_group()
+        if group is None or len(group) < 2:
+            if not mine_bad:
+                return
+            culprits, members = [self.global_rank], [self.global_rank]
+        else:
+            if _all_finite(self._own_grads(optimizer)):
+                return
+            members = sorted(group)
+            flags = self.comm.allgather(torch.tensor([[float(self.global_rank), float(mine_bad)]], dtype=torch.float64),
+                                        group=None if len(members) == self.world_size else members,
+                                        tag="nonfinite_flags")
+            culprits = sorted(int(r) for r, bad in flags.tolist() if bad)
+        step = self.steps_done
+        loss_value = float(loss.detach().float().mean()) if isinstance(loss, Tensor) and mine_bad else None
+        if self.nonfinite == "skip":
+            for param_group in optimizer.param_groups:  # the optimizer passes over parameters without a gradient
+                for p in param_group["params"]:
+                    p.grad = None
+            self.nonfinite_skips += 1
+            self.record_event("nonfinite_skipped", step=step, ranks=culprits, group=members,
+                              note="optimizer step skipped on these ranks (trainer.nonfinite=skip)")
+            return
+        who = (f"rank {culprits[0]}" if len(culprits) == 1 else f"ranks {culprits}") if culprits else \
+            f"none of ranks {members} alone (their gradients overflowed when summed)"
+        mine = f" (this rank's loss: {loss_value})" if loss_value is not None else ""
+        raise NonFiniteError(f"non-finite loss or gradients from {who} at step {step} ({self.strategy_name}, "
+                             f"seen by ranks {members}){mine}; training stopped before the update reached "
+                             "the model. Set trainer.nonfinite=skip (strategy nonfinite='skip') to skip such steps")
+
+    # --- exact resume -----------------------------------------------------------------------------
+    def model_diverges(self) -> bool:
+        """Whether ranks may hold different parameters or optimizer state right now; then every rank's
+        own model and optimizer state go into the checkpoint (Lightning saves rank 0's only)."""
+        return False
+
+    def strategy_state(self) -> Dict[str, Any]:
+        """What this rank decides with, for the checkpoint. Subclasses add theirs (call super)."""
+        trainer = self.lightning_module.trainer
+        state: Dict[str, Any] = {
+            "steps_done": self.steps_done,
+            "events": list(self.events),
+            "nonfinite_skips": self.nonfinite_skips,
+            # batches of the current epoch already trained on: a resume passes over them
+            "epoch": trainer.current_epoch,
+            "epoch_batches": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        }
+        if self.model_diverges():
+            state["model"] = self.lightning_module.state_dict()
+            state["optimizers"] = [o.state_dict() for o in self.optimizers]
+        return state
+
+    def load_strategy_state(self, state: Dict[str, Any]) -> None:
+        """Inverse of :meth:`strategy_state`, at the start of training (after Lightning restored rank 0's
+        model, optimizer and loops). Subclasses restore theirs (call super)."""
+        self.steps_done = int(state["steps_done"])
+        self.events = list(state["events"])
+        self.nonfinite_skips = int(state.get("nonfinite_skips", 0))
+        rng = state.get("rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+        if "model" in state:
+            self.lightning_module.load_state_dict(state["model"])
+            for optimizer, saved in zip(self.optimizers, state["optimizers"]):
+                optimizer.load_state_dict(saved)
+
+    def _gather_strategy_state(self) -> Optional[Dict[str, Any]]:
+        """Every rank's :meth:`strategy_state` on rank 0 (two named all-gathers that every rank reaches:
+        Lightning calls ``save_checkpoint`` on all ranks). Serialized to uint8 tensors so the checkpoint
+        still loads with ``torch.load(weights_only=True)``."""
+        buffer = io.BytesIO()
+        torch.save(self.strategy_state(), buffer)
+        blob = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        sizes = self.comm.allgather(torch.tensor([blob.numel()], dtype=torch.int64), tag="resume_state_size")
+        blobs = self.comm.allgather(blob, tag="resume_state")
+        if self.global_rank != 0:
+            return None
+        return {"world_size": self.world_size, "algorithm": self.strategy_name,
+                "ranks": [b.clone() for b in torch.split(blobs, sizes.tolist())]}
+
+    @override
+    def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        if self.comm.initialized and self.lightning_module is not None and self.lightning_module._trainer is not None:
+            state = self._gather_strategy_state()
+            if state is not None:
+                checkpoint[CHECKPOINT_KEY] = state
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        self._resume = checkpoint.get(CHECKPOINT_KEY)
+        if self._resume is not None and self._resume.get("world_size") != self.world_size:
+            rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('world_size')} workers, "
+                           f"this run has {self.world_size}: model, optimizer and loop state are restored, the "
+                           f"algorithm's state (membership, time models, allocations, counters) starts afresh")
+            self._resume = None
+        elif self._resume is not None and self._resume.get("algorithm") != self.strategy_name:
+            rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('algorithm')!r}: "
+                           f"the algorithm's state starts afresh")
+            self._resume = None
+        return checkpoint
+
+    def _resumed_state(self) -> Optional[Dict[str, Any]]:
+        """This rank's saved state while a resume is pending (decoded once)."""
+        if self._resume is None:
+            return None
+        if "mine" not in self._resume:
+            blob = self._resume["ranks"][self.global_rank]
+            self._resume["mine"] = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+        return self._resume["mine"]
+
+    def resume_skip_batches(self) -> int:
+        """Batches of the resumed epoch the interrupted run had already trained on (0 when not resuming)."""
+        state = self._resumed_state()
+        trainer = self.lightning_module.trainer
+        if state is None or state["epoch"] != trainer.current_epoch:
+            return 0
+        return int(state["epoch_batches"])
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None or not trainer.training or not isinstance(dataloader, DataLoader):
+            return dataloader
+        skip = self.resume_skip_batches()
+        if not 0 < skip < len(dataloader) or not isinstance(dataloader.batch_sampler, BatchSampler):
+            return dataloader  # saved at an epoch's end (or not resuming): Lightning starts the next epoch
+        return DataLoader(dataloader.dataset, batch_sampler=SkipFirstBatches(dataloader.batch_sampler, skip),
+                          num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn,
+                          pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
+                          worker_init_fn=dataloader.worker_init_fn, generator=dataloader.generator,
+                          persistent_workers=dataloader.persistent_workers)
+
+    @override
+    def on_train_start(self) -> None:
+        state = self._resumed_state()
+        if state is not None:
+            self.load_strategy_state(state)
+            rank_zero_info(f"[{self.strategy_name}] resumed the algorithm's state at step {self.steps_done}")
+        self._resume = None
+        super().on_train_start()
+
         if op == "mean" and not tensor.is_floating_point():
             tensor = tensor.float()
         return self.comm.allreduce(tensor, op=op, group=_group_ranks(group), tag="reduce")

@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_straggler.strategies.horovod_base import HorovodStrategy, batch_size_of
+from lightning_straggler.profiling import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -181,3 +182,46 @@ class PartialGroupStrategy(HorovodStrategy):
             self.comm.wait(self._signal)
             self._signal = None
         super().on_train_end()
+
+    # --- non-finite check and exact resume (HorovodStrategy hooks) -----------------------------------
+    @override
+    def gradient_sync_group(self) -> Optional[Tuple[int, ...]]:
+        # group members averaged their gradients; ranks outside it took a local step on their own
+        return self.group() if self.in_group else None
+
+    @override
+    def strategy_state(self) -> dict:
+        state = super().strategy_state()
+        state["partial_group"] = {
+            "position": self.position, "synced_through": self._synced_through, "steps": self._steps,
+            "samples": self._samples, "local_steps": self._local_steps,
+            "window": [r.as_row() for r in self.recorder.records[self._window_start:]],  # the open window
+        }
+        return state
+
+    @override
+    def load_strategy_state(self, state: dict) -> None:
+        super().load_strategy_state(state)
+        saved = state["partial_group"]
+        self.position, self._synced_through = int(saved["position"]), int(saved["synced_through"])
+        self._steps, self._samples, self._local_steps = int(saved["steps"]), int(saved["samples"]), int(saved["local_steps"])
+        self.recorder.records = [StepRecord.from_row(r) for r in saved["window"]]
+        self.recorder.take_unsent()  # measured before the checkpoint: the profiler does not report them again
+        self._window_start = 0
+
+    @override
+    def on_train_start(self) -> None:
+        resuming = self._resumed_state() is not None
+        super().on_train_start()  # restores the state (the subclass's membership included)
+        if resuming:
+            self._resume_signal()
+
+    def _resume_signal(self) -> None:
+        """Ranks outside the restored group post the boundary signal again (the interrupted run's was
+        completed at its end), as ``_boundary`` does."""
+        group = self.group()
+        if len(group) < self.world_size:
+            self.comm.ensure_groups([group])  # a collective over all ranks, the same list on each
+            if not self.in_group:
+                self._signal = self.comm.broadcast_async(torch.tensor([-1], dtype=torch.int64), root=group[0],
+                                                         tag="group_signal")

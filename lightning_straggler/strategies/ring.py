@@ -5,6 +5,8 @@ single-process training on the concatenation of the workers' batches.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch.optim import Optimizer
 from typing_extensions import override
 
@@ -18,3 +20,7 @@ class RingStrategy(HorovodStrategy):
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         self.comm.allreduce_grouped_(self.gradients_of(optimizer), op="mean", tag="grads")
+
+    @override
+    def gradient_sync_group(self) -> Sequence[int]:
+        return tuple(range(self.world_size))
