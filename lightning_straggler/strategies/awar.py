@@ -90,10 +90,6 @@ class AwarStrategy(PartialGroupStrategy):
             self.record_event("classification", step=position, **change)
 
     @override
-    def on_train_end(self) -> None:
-        super().on_train_end()
-        if self.global_rank == 0:
-    @override
     def model_diverges(self) -> bool:
         return len(self.group()) < self.world_size  # stragglers train their own copies until the next merge
 
@@ -108,6 +104,10 @@ class AwarStrategy(PartialGroupStrategy):
         super().load_strategy_state(state)
         self.states = list(state["awar"]["states"])
 
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.global_rank == 0:
             self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
 
 

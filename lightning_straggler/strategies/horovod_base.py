@@ -272,15 +272,15 @@ class HorovodStrategy(ParallelStrategy):
                 torch.cuda.synchronize(self.root_device)  # kernels are asynchronous: time them to completion
             self.recorder.mark_compute_end()
             started = time.perf_counter()
+            mine_bad = not (_all_finite(self._own_grads(optimizer)) and _finite_loss(result))
             self.synchronize_gradients(optimizer)
+            self._check_finite(optimizer, mine_bad, result)
             self.recorder.add_comm(time.perf_counter() - started)
             return result
 
         output = super().optimizer_step(optimizer, closure_then_synchronize, model, **kwargs)
         started = time.perf_counter()
-            mine_bad = not (_all_finite(self._own_grads(optimizer)) and _finite_loss(result))
         self.after_optimizer_step(optimizer)
-            self._check_finite(optimizer, mine_bad, result)
         self.recorder.add_comm(time.perf_counter() - started)
         self.recorder.end_step(self.steps_done, group_leader=self.current_group_leader())
         self.steps_done += 1
@@ -319,12 +319,6 @@ class HorovodStrategy(ParallelStrategy):
         rank_zero_info(f"[{self.strategy_name}] {kind}: {shown}")
         return event
 
-    # --- Lightning's collectives ------------------------------------------------------------------
-    @override
-    def reduce(self, tensor: Union[Tensor, Any], group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
-        if not isinstance(tensor, Tensor) or not self.comm.initialized:
-            return tensor
-        op = _op_name(reduce_op)
     # --- non-finite losses and gradients ----------------------------------------------------------
     def gradient_sync_group(self) -> Optional[Sequence[int]]:
         """Ranks whose gradients were averaged (or summed) together in the step just synchronised, or
@@ -486,6 +480,12 @@ class HorovodStrategy(ParallelStrategy):
         self._resume = None
         super().on_train_start()
 
+    # --- Lightning's collectives ------------------------------------------------------------------
+    @override
+    def reduce(self, tensor: Union[Tensor, Any], group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
+        if not isinstance(tensor, Tensor) or not self.comm.initialized:
+            return tensor
+        op = _op_name(reduce_op)
         if op == "mean" and not tensor.is_floating_point():
             tensor = tensor.float()
         return self.comm.allreduce(tensor, op=op, group=_group_ranks(group), tag="reduce")

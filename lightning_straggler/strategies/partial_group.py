@@ -31,8 +31,8 @@ import torch
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_straggler.strategies.horovod_base import HorovodStrategy, batch_size_of
 from lightning_straggler.profiling import StepRecord
+from lightning_straggler.strategies.horovod_base import HorovodStrategy, batch_size_of
 
 log = logging.getLogger(__name__)
 
