@@ -5,6 +5,7 @@ rejected by OmegaConf) and then checks ranges; every error names the setting and
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Type
@@ -15,6 +16,18 @@ from omegaconf.errors import OmegaConfBaseException
 
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range. The message names it and the allowed values."""
+
+
+def _finite(x: Any) -> bool:
+    """A real number that is neither NaN nor infinite (a factor of inf would make a worker sleep forever)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+SEED_RANGE = f"an integer in 0..{2 ** 32 - 1}"  # numpy's and Lightning's seed range
+
+
+def _seed_ok(seed: Any) -> bool:
+    return isinstance(seed, int) and 0 <= seed < 2 ** 32
 
 
 def _check(ok: bool, setting: str, allowed: str, value: Any) -> None:
@@ -49,7 +62,7 @@ class DSSyncConfig:
         _check(self.schedule in KINDS, "algorithm.schedule", f"one of {', '.join(KINDS)}", self.schedule)
         _check(self.sync in ("params", "grads"), "algorithm.sync", "one of params, grads", self.sync)
         _check(self.global_every_steps >= 0, "algorithm.global_every_steps", ">= 0 (0 = off)", self.global_every_steps)
-        _check(self.seed >= 0, "algorithm.seed", ">= 0", self.seed)
+        _check(_seed_ok(self.seed), "algorithm.seed", SEED_RANGE, self.seed)
         try:
             DSSyncSchedule(world_size, self.group_size, self.schedule, self.num_partitions, self.seed)
         except ValueError as e:
@@ -79,9 +92,10 @@ class BoaConfig:
                f"in {low}..{high if high else 'inf'} ({world_size} workers x [min_local_batch, max_local_batch])",
                self.global_batch)
         _check(self.window_steps >= 0, "algorithm.window_steps", ">= 0 (0 = never re-plan)", self.window_steps)
-        _check(self.rebalance_gain >= 0, "algorithm.rebalance_gain", ">= 0", self.rebalance_gain)
+        _check(_finite(self.rebalance_gain) and self.rebalance_gain >= 0, "algorithm.rebalance_gain", "a finite number >= 0",
+               self.rebalance_gain)
         _check(self.history_windows >= 1, "algorithm.history_windows", ">= 1", self.history_windows)
-        _check(self.seed >= 0, "algorithm.seed", ">= 0", self.seed)
+        _check(_seed_ok(self.seed), "algorithm.seed", SEED_RANGE, self.seed)
         if self.initial_batch_sizes is not None:
             sizes = self.initial_batch_sizes
             _check(len(sizes) == world_size and all(b >= 0 for b in sizes) and sum(sizes) == self.global_batch,
@@ -167,18 +181,20 @@ class StragglerConfig:
 
     def validate(self, world_size: int) -> None:
         _check(self.scenario in SCENARIOS, "straggler.scenario", f"one of {', '.join(SCENARIOS)}", self.scenario)
-        _check(self.device_ms_per_sample >= 0, "straggler.device_ms_per_sample", ">= 0", self.device_ms_per_sample)
+        _check(_finite(self.device_ms_per_sample) and self.device_ms_per_sample >= 0, "straggler.device_ms_per_sample",
+               "a finite number >= 0", self.device_ms_per_sample)
         if self.scenario == "static":
             _check(len(self.factors) > 0, "straggler.factors", "a non-empty list of per-rank factors for scenario=static", self.factors)
             _check(len(self.factors) <= world_size, "straggler.factors",
                    f"at most one factor per worker ({world_size} workers)", self.factors)
             for i, f in enumerate(self.factors):
-                _check(f >= 1.0, f"straggler.factors[{i}]", ">= 1.0 (a slowdown factor)", f)
+                _check(_finite(f) and f >= 1.0, f"straggler.factors[{i}]", "a finite number >= 1.0 (a slowdown factor)", f)
         if self.scenario == "transient":
             _check(len(self.events) > 0, "straggler.events", "a non-empty list of {rank, factor, start_step, end_step} for scenario=transient", self.events)
             for i, e in enumerate(self.events):
                 _check(0 <= e.rank < world_size, f"straggler.events[{i}].rank", f"a worker rank in 0..{world_size - 1}", e.rank)
-                _check(e.factor >= 1.0, f"straggler.events[{i}].factor", ">= 1.0", e.factor)
+                _check(_finite(e.factor) and e.factor >= 1.0, f"straggler.events[{i}].factor", "a finite number >= 1.0",
+                       e.factor)
                 _check(e.start_step >= 0, f"straggler.events[{i}].start_step", ">= 0", e.start_step)
                 _check(e.end_step is None or e.end_step > e.start_step, f"straggler.events[{i}].end_step",
                        f"> start_step ({e.start_step}) or null", e.end_step)
@@ -187,7 +203,9 @@ class StragglerConfig:
         if self.scenario == "random":
             _check(0.0 <= self.probability <= 1.0, "straggler.probability", "in [0, 1]", self.probability)
             _check(self.factor_min >= 1.0, "straggler.factor_min", ">= 1.0", self.factor_min)
-            _check(self.factor_max >= self.factor_min, "straggler.factor_max", f">= factor_min ({self.factor_min})", self.factor_max)
+            _check(_finite(self.factor_max) and self.factor_max >= self.factor_min, "straggler.factor_max",
+                   f"a finite number >= factor_min ({self.factor_min})", self.factor_max)
+            _check(_seed_ok(self.seed), "straggler.seed", SEED_RANGE, self.seed)
             _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
             _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
             _check(self.window_steps >= 1, "straggler.window_steps", ">= 1 step", self.window_steps)
@@ -218,9 +236,10 @@ class ModelConfig:
     def validate(self) -> None:
         _check(self.name in ("mlp", "cnn"), "model.name", "one of mlp, cnn", self.name)
         _check(self.optimizer in ("sgd", "adam"), "model.optimizer", "one of sgd, adam", self.optimizer)
-        _check(self.lr > 0, "model.lr", "> 0", self.lr)
+        _check(_finite(self.lr) and self.lr > 0, "model.lr", "a finite number > 0", self.lr)
         _check(0.0 <= self.momentum < 1.0, "model.momentum", "in [0, 1)", self.momentum)
-        _check(self.weight_decay >= 0, "model.weight_decay", ">= 0", self.weight_decay)
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0, "model.weight_decay", "a finite number >= 0",
+               self.weight_decay)
         _check(all(h >= 1 for h in self.hidden), "model.hidden", "a list of positive layer widths", self.hidden)
 
 
@@ -238,6 +257,7 @@ class DataConfig:
         _check(self.name in ("mnist1d", "synthetic"), "data.name", "one of mnist1d, synthetic", self.name)
         _check(self.num_samples >= 10, "data.num_samples", ">= 10", self.num_samples)
         _check(self.batch_size >= 1, "data.batch_size", ">= 1", self.batch_size)
+        _check(_seed_ok(self.seed), "data.seed", SEED_RANGE, self.seed)
         _check(self.features >= 1, "data.features", ">= 1", self.features)
         _check(self.classes >= 2, "data.classes", ">= 2", self.classes)
 
@@ -249,6 +269,7 @@ def max_local_workers() -> int:
 
 # Horovod counts stall time in whole seconds; below 2 s a busy but healthy rank can look stalled.
 STALL_TIMEOUT_RANGE = (2.0, 86400.0)
+NONFINITE_POLICIES = ("error", "skip")  # as lightning_straggler.strategies.horovod_base (not imported: no torch here)
 
 
 @dataclass
@@ -265,6 +286,7 @@ class TrainerConfig:
     job_timeout_s: float = 0.0  # wall-clock limit for the whole job, restarts included (0 = none)
     checkpoint_every_n_steps: int = 0  # also write last.ckpt every N optimizer steps (0 = epoch ends only)
     restart_on_failure: int = 0  # restart from last.ckpt without the dead workers, up to N times
+    nonfinite: str = "error"  # a non-finite loss or gradient on a rank: error (stop, naming the rank) | skip (the step)
 
     def validate(self) -> None:
         _check(self.accelerator in ("cpu", "gpu", "cuda"), "trainer.accelerator", "one of cpu, gpu, cuda", self.accelerator)
@@ -290,6 +312,10 @@ class TrainerConfig:
         _check(0 <= self.restart_on_failure <= self.devices - 1, "trainer.restart_on_failure",
                f"in 0..{self.devices - 1} (each restart goes on without at least one of the {self.devices} workers)",
                self.restart_on_failure)
+        _check(self.nonfinite in NONFINITE_POLICIES, "trainer.nonfinite", f"one of {', '.join(NONFINITE_POLICIES)}",
+               self.nonfinite)
+        _check(self.gradient_clip_val is None or (_finite(self.gradient_clip_val) and self.gradient_clip_val >= 0),
+               "trainer.gradient_clip_val", "null (no clipping) or a finite number >= 0", self.gradient_clip_val)
 
 
 @dataclass
@@ -323,6 +349,7 @@ class TrainConfig:
             self.algorithm.global_batch = self.trainer.devices * self.data.batch_size
         self.algorithm.validate(self.trainer.devices)
         _check(0.0 <= self.target_acc <= 1.0, "target_acc", "in [0, 1]", self.target_acc)
+        _check(_seed_ok(self.seed), "seed", SEED_RANGE, self.seed)
 
 
 def _merge(schema: Type, cfg: Any, prefix: str):
@@ -346,7 +373,7 @@ def load_config(cfg: Any) -> TrainConfig:
     cfg.pop("hydra", None)
     algorithm = cfg.pop("algorithm", None) or {"name": "ring"}
     name = algorithm.get("name") if isinstance(algorithm, dict) else algorithm
-    if name not in ALGORITHM_SCHEMAS:
+    if not isinstance(name, str) or name not in ALGORITHM_SCHEMAS:
         raise ConfigError(f"algorithm.name must be one of {', '.join(sorted(ALGORITHM_SCHEMAS))} (got {name!r})")
     base = _merge(TrainConfig, cfg, "config")
     base.algorithm = _merge(ALGORITHM_SCHEMAS[name], algorithm if isinstance(algorithm, dict) else {"name": name}, "algorithm")

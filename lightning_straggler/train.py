@@ -39,7 +39,7 @@ def build_strategy(cfg, job_deadline: Optional[float] = None):
 
     cls, _ = STRATEGIES[cfg.algorithm.name]
     options = {k: v for k, v in asdict(cfg.algorithm).items() if k != "name"}
-    strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, **options)
+    strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, nonfinite=cfg.trainer.nonfinite, **options)
     # read by the launcher: the limit, and when it runs out (time.monotonic(); restarts included)
     strategy.job_timeout_s = cfg.trainer.job_timeout_s
     strategy.job_deadline = job_deadline if cfg.trainer.job_timeout_s else None
