@@ -1,0 +1,50 @@
+"""A non-finite loss on one rank does not silently poison the others (real Horovod workers, 4 ranks)."""
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import lightning_straggler  # noqa: F401  registers the strategies
+from lightning_straggler import DSSyncStrategy, RingStrategy
+from lightning_straggler.models import Classifier
+from tests.helpers import RankSpread, flat_params
+from tests.test_ring_multiprocess import fit
+
+pytestmark = pytest.mark.multiprocess
+
+
+class NanOnRank(Classifier):
+    """Multiplies the loss by NaN on one rank at one optimizer step (so its gradients are NaN too)."""
+
+    def __init__(self, nan_rank, nan_step):
+        super().__init__("mlp", 40, 10, hidden=[32], optimizer="sgd", lr=0.1, momentum=0.9)
+        self.nan_rank, self.nan_step = nan_rank, nan_step
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.global_rank == self.nan_rank and self.trainer.global_step == self.nan_step:
+            loss = loss * float("nan")
+        return loss
+
+
+def model():
+    pl.seed_everything(0, verbose=False)
+    return NanOnRank(nan_rank=2, nan_step=3)
+
+
+@pytest.mark.parametrize("strategy", [RingStrategy(), DSSyncStrategy(group_size=2)], ids=["ring", "dssync-local"])
+def test_error_names_the_rank(strategy):
+    # ring: every rank sees the NaN average and they find the culprit together; dssync params: local check
+    with pytest.raises(Exception) as err:
+        fit(model(), strategy, 4, 8, 6)
+    message = str(err.value)
+    assert "non-finite loss or gradients from rank 2 at step 3" in message, message[-2000:]
+
+
+def test_skip_continues_with_finite_parameters_and_logs_the_event():
+    strategy = RingStrategy(nonfinite="skip")
+    m = model()
+    trainer = fit(m, strategy, 4, 8, 6, callbacks=[RankSpread()])
+    assert torch.isfinite(flat_params(m)).all()
+    assert trainer.callback_metrics["rank_param_spread"].item() == 0  # nobody applied the poisoned step
+    skipped = [e for e in strategy.run_report["events"] if e["kind"] == "nonfinite_skipped"]
+    assert len(skipped) == 1 and skipped[0]["ranks"] == [2] and skipped[0]["step"] == 3, strategy.run_report["events"]
