@@ -31,8 +31,9 @@ class Collectives(ABC):
     """
 
     @abstractmethod
-    def init(self, dynamic_groups: bool = True) -> None:
-        """Join the job; ``dynamic_groups=False`` when only whole-world collectives will be used."""
+    def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
+        """Join the job; ``dynamic_groups=False`` when only whole-world collectives and the
+        ``static_groups`` registered here will be used."""
 
     @property
     @abstractmethod

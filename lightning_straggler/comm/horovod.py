@@ -31,17 +31,24 @@ def _hvd():
 class HorovodCollectives(Collectives):
     def __init__(self) -> None:
         self._sets: Dict[Tuple[int, ...], Any] = {}
+        self._dynamic = False
         self._seq: Dict[Tuple[str, Tuple[int, ...]], int] = defaultdict(int)
         self._async_names: Dict[int, str] = {}  # handle -> name, for the stall watchdog
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def init(self, dynamic_groups: bool = True) -> None:
+    def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
         hvd = _hvd()
+        static = [hvd.ProcessSet(sorted(g)) for g in sorted({tuple(sorted(g)) for g in static_groups})]
         if not hvd.is_initialized():
             # Dynamic process sets cost a little on every step (measured ~10% on 4 CPU workers), so
-            # algorithms that only ever use the whole world turn them off.
-            hvd.init(process_sets="dynamic" if dynamic_groups else None)
+            # algorithms that only ever use the whole world turn them off, and algorithms with few
+            # possible groups register them all here instead.
+            hvd.init(process_sets="dynamic" if dynamic_groups else (static or None))
+        else:
+            static = []  # someone else initialised Horovod: use what it registered (and add dynamically)
+        self._dynamic = dynamic_groups
         self._sets = {tuple(range(hvd.size())): hvd.global_process_set}
+        self._sets.update({tuple(s.ranks): s for s in static})
 
     @property
     def initialized(self) -> bool:
@@ -76,6 +83,8 @@ class HorovodCollectives(Collectives):
             key = normalize_group(g, self.size)
             if key not in self._sets and key not in wanted:
                 wanted.append(key)
+        if wanted and not self._dynamic:
+            raise RuntimeError(f"process sets {wanted} were not registered at init and dynamic process sets are off")
         for key in sorted(wanted):  # same order on every rank
             self._sets[key] = hvd.add_process_set(list(key))
 

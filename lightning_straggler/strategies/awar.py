@@ -51,6 +51,10 @@ class AwarStrategy(PartialGroupStrategy):
         self.states = [NORMAL] * self.world_size
 
     @override
+    def min_group_size(self, world_size: int) -> int:
+        return self.thresholds.min_group_for(world_size)
+
+    @override
     def group(self) -> Tuple[int, ...]:
         return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(self.world_size))
 

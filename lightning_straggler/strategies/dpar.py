@@ -57,6 +57,10 @@ class DparStrategy(PartialGroupStrategy):
         return tuple(r for r, s in enumerate(self.states) if s == ACTIVE)
 
     @override
+    def min_group_size(self, world_size: int) -> int:
+        return self.thresholds.min_active_for(world_size)
+
+    @override
     def computes_outside_group(self, rank: int) -> bool:
         return self.states[rank] != STRUCK_OUT
 
@@ -73,10 +77,10 @@ class DparStrategy(PartialGroupStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
         if not (self.reshard and trainer.training and isinstance(dataloader, DataLoader)):
-            return dataloader
+            return super().process_dataloader(dataloader)
         group = self.group()
         if len(group) == self.world_size:
-            return dataloader  # Lightning's DistributedSampler over every worker
+            return super().process_dataloader(dataloader)  # Lightning's DistributedSampler over every worker
         original = dataloader.sampler
         if not isinstance(original, DistributedSampler):
             raise RuntimeError("dpar reshard=True needs Lightning's DistributedSampler on the training loader "
@@ -93,7 +97,7 @@ class DparStrategy(PartialGroupStrategy):
                           batches_per_epoch=len(resharded), batches_per_epoch_all_workers=len(dataloader),
                           note=f"{len(group)} active workers take over the shards of excluded ranks "
                                f"{[r for r in range(self.world_size) if r not in group]}")
-        return resharded
+        return super().process_dataloader(resharded)  # (a mid-epoch resume passes over used batches)
 
     @override
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:

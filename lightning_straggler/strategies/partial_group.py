@@ -20,6 +20,7 @@ Training steps must not run collectives of their own (``self.log(..., sync_dist=
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -36,6 +37,8 @@ from lightning_straggler.strategies.horovod_base import HorovodStrategy, batch_s
 
 log = logging.getLogger(__name__)
 
+# Up to this many possible groups are registered as static Horovod process sets at start-up.
+MAX_STATIC_GROUPS = 16
 # Columns of the per-rank numbers gathered at a boundary.
 RANK, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS = range(5)
 
@@ -64,6 +67,18 @@ class PartialGroupStrategy(HorovodStrategy):
     @abstractmethod
     def group(self) -> Tuple[int, ...]:
         """Ranks that synchronise every step (sorted)."""
+
+    @abstractmethod
+    def min_group_size(self, world_size: int) -> int:
+        """The algorithm's floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
+
+    @override
+    def static_groups(self, world_size: int) -> Optional[List[Tuple[int, ...]]]:
+        # every group of at least the floor's size, if there are few: 10 at 4 ranks, 162 at 8 (too many)
+        sizes = range(max(1, self.min_group_size(world_size)), world_size)
+        if sum(math.comb(world_size, k) for k in sizes) > MAX_STATIC_GROUPS:
+            return None
+        return [g for k in sizes for g in itertools.combinations(range(world_size), k)]
 
     def computes_outside_group(self, rank: int) -> bool:
         """Whether a rank outside the group still computes (DPAR's struck-out ranks do not)."""
