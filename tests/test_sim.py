@@ -170,3 +170,74 @@ def test_counted_samples_follow_the_summary_rules():
     assert dpar.train_samples <= 8 * 32 * 200 - 32 * (200 - 20)
     assert awar.train_samples > 7 * 32 * 200
     assert not math.isnan(dpar.efficiency) and 0 < dpar.efficiency <= 1.0
+
+
+# --- explicit protocol costs (control calls, state broadcast, merges, process sets) -------------------
+CONTROLLED = Network("controlled", 1e-4, 1e-9, control_op_s=5e-3)
+
+
+@pytest.mark.parametrize("algorithm,window_key", [("dpar", "window_steps"), ("awar", "period_steps")])
+@pytest.mark.parametrize("n", [4, 8])
+def test_partial_group_without_stragglers_is_ring_plus_one_boundary_per_window(algorithm, window_key, n):
+    w = workload(n, steps=120)
+    ring = simulate("ring", w, CONTROLLED)
+    res = simulate(algorithm, w, CONTROLLED, **{window_key: 20})
+    boundary = CONTROLLED.allgather_s(n, w.boundary_bytes) + CONTROLLED.control_op_s
+    assert res.events == [] or all(e["kind"] != "transition" for e in res.events)
+    assert res.wall_s / w.steps == pytest.approx(ring.wall_s / w.steps + boundary / 20, rel=1e-12)
+
+
+def test_control_calls_and_broadcast_object_closed_forms():
+    net = CONTROLLED
+    assert net.control_s(1, "broadcast", 1e6) == 0.0
+    assert net.control_s(4, "allgather", 64, calls=3) == pytest.approx(3 * (net.allgather_s(4, 64) + 5e-3))
+    assert net.broadcast_object_s(4, 1e6) == pytest.approx(net.broadcast_s(4, 8) + net.broadcast_s(4, 1e6) + 2 * 5e-3)
+
+
+def test_dpar_state_broadcast_and_awar_merge_closed_forms():
+    from lightning_straggler.sim.awar import merge_s
+    from lightning_straggler.sim.dpar import state_broadcast_s
+
+    w = workload(4, state_tensors=6, state_bytes=8e6)
+    c, n = CONTROLLED.control_op_s, 4
+    state = 6 * (CONTROLLED.broadcast_s(n, 4e6 / 6) + c) + CONTROLLED.broadcast_object_s(n, 4e6)
+    assert state_broadcast_s(CONTROLLED, w) == pytest.approx(state)
+    assert merge_s(CONTROLLED, w) == pytest.approx(CONTROLLED.allreduce_s(n, 4e6) + c + CONTROLLED.broadcast_object_s(n, 4e6))
+
+
+def _costs(algorithm, w, **params):
+    """Wall time with the control calls and alpha-beta minus the same run with control_op_s = 0."""
+    free_ctrl = Network("x", CONTROLLED.alpha_s, CONTROLLED.beta_s_per_byte, 0.0)
+    return simulate(algorithm, w, CONTROLLED, **params).wall_s - simulate(algorithm, w, free_ctrl, **params).wall_s
+
+
+def test_dpar_pays_the_state_broadcast_at_every_boundary_while_someone_is_excluded():
+    # rank 3 permanently 10x slow: excluded at the first boundary and never back; 6 boundaries in all
+    w = workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}, state_tensors=6)
+    res = simulate("dpar", w, CONTROLLED, window_steps=20)
+    assert any(e["kind"] == "transition" and e["step"] == 19 for e in res.events)
+    c = CONTROLLED.control_op_s
+    # per boundary: allgather (1 call); from the first on, the state broadcast (6 tensors + 2 for the
+    # optimizer object); from the second on, the signal (1 call); 4 ranks: static process sets
+    calls = 6 * 1 + 6 * 8 + 5 * 1
+    assert _costs("dpar", w, window_steps=20) == pytest.approx(calls * c, rel=1e-9)
+
+
+def test_dynamic_process_sets_cost_one_control_call_per_new_set():
+    from lightning_straggler.sim.dpar import DparPolicy
+    from lightning_straggler.sim.partial_group import uses_static_sets
+
+    assert uses_static_sets(workload(4), DparPolicy(4)) and not uses_static_sets(workload(8), DparPolicy(8))
+    straggler = {"scenario": "static", "factors": [1] * 7 + [10]}
+    dynamic = workload(8, steps=120, straggler=straggler)
+    static = workload(8, steps=120, straggler=straggler, static_process_sets=True)
+    extra = simulate("dpar", dynamic, CONTROLLED).wall_s - simulate("dpar", static, CONTROLLED).wall_s
+    assert extra == pytest.approx(CONTROLLED.allgather_s(8, 8.0 * 7) + CONTROLLED.control_op_s, rel=1e-9)  # one set
+
+
+def test_dssync_global_average_is_a_control_call():
+    w = workload(4, steps=40)
+    res = simulate("dssync", w, CONTROLLED, global_every_steps=10)
+    globals_done = int(res.notes.split(", ")[-1].split()[0])
+    assert globals_done == 4
+    assert _costs("dssync", w, global_every_steps=10) == pytest.approx(globals_done * CONTROLLED.control_op_s, rel=1e-9)

@@ -1,9 +1,14 @@
 """``awar``: the partial-group protocol with AWAR's decisions (``policies/awar.classify`` and
 ``average_weights``).
 
-At a boundary where someone trained outside the group, the weighted model average is one all-reduce
-of the parameters over everyone plus a broadcast of the leader's optimizer state
-(allreduce(N, grad_bytes) + broadcast(N, state_bytes - grad_bytes)), as ``AwarStrategy.weighted_average``.
+At a boundary where someone trained outside the group, the weighted model average is, as
+``AwarStrategy.weighted_average``, one grouped all-reduce of the parameters and float buffers over
+everyone, then the leader's optimizer state with ``broadcast_object`` (pickled length, then
+``optimizer_state_bytes``); every call a control call (alpha-beta + ``control_op_s``)::
+
+    merge_s = control_s(N, allreduce, grad_bytes) + broadcast_object_s(N, optimizer_state_bytes)
+
+(integer buffers, broadcast one by one, are not modelled: the project's models have none).
 Stragglers' local steps count: their updates enter the average with their weight.
 """
 from __future__ import annotations
@@ -63,9 +68,18 @@ class AwarPolicy(GroupPolicy):
     def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
         n = workload.world_size
         if len(old_group) < n:
-            return (network.allreduce_s(n, workload.grad_bytes)
-                    + network.broadcast_s(n, max(0.0, workload.model_state_bytes - workload.grad_bytes)))
+            return merge_s(network, workload)
         return 0.0
+
+    def min_group_size(self) -> int:
+        return self.thresholds.min_group_for(len(self.states))
+
+
+def merge_s(network: Network, workload: Workload) -> float:
+    """The weighted average and the optimizer-state broadcast (see the module docstring)."""
+    n = workload.world_size
+    return (network.control_s(n, "allreduce", workload.grad_bytes)
+            + network.broadcast_object_s(n, workload.optimizer_state_bytes))
 
 
 def simulate_awar(workload: Workload, network: Network, period_steps: int = 20,

@@ -11,7 +11,8 @@ few bytes.
 The decisions are the project's code: the initial split (``BoaStrategy._initial_allocation``), the
 time model per worker (``BoaStrategy._time_model``, which picks between a least-squares fit and a
 proportional model), the solver and worker-set tuning (``policies/boa.plan``) and the predicted step
-time (``policies/boa.predicted_step_time``). Only the gate "re-plan if the predicted gain > rebalance_gain
+time (``policies/boa.predicted_step_time``). The exchange is two control calls
+(``Network.control_s``: alpha-beta plus ``control_op_s`` each). Only the gate "re-plan if the predicted gain > rebalance_gain
 and the plan differs" of ``BoaStrategy._decide`` is restated here (:func:`rebalance_decision`),
 because ``_decide`` groups the gathered points per rank with a scan over all points for every rank,
 O(N^2 x window) (about 31 M Python iterations per decision at 1024 workers); a test checks that
@@ -99,7 +100,9 @@ def simulate_boa(workload: Workload, network: Network, window_steps: int = 10, r
                                                  max_local_batch, initial_batch_sizes))
     total_batch = int(allocation.at(0).sum())
     allreduce = network.allreduce_s(n, workload.grad_bytes)
-    exchange = network.allgather_s(n, workload.boundary_bytes * window_steps) + network.broadcast_s(n, 1024)
+    # the window's records gathered, the decision broadcast: two control calls
+    exchange = (network.control_s(n, "allgather", workload.boundary_bytes * window_steps)
+                + network.control_s(n, "broadcast", 1024))
     step_times = np.zeros(steps)
     window_records: list[tuple[np.ndarray, np.ndarray]] = []  # (batch sizes, compute times) per step
     history: list[list[tuple[np.ndarray, np.ndarray]]] = []

@@ -1,7 +1,16 @@
 """``dpar``: the partial-group protocol with DPAR's decisions (``policies/dpar.decide``).
 
-Merge: when any rank is or was excluded, the old group's leader broadcasts parameters and optimizer
-state to everyone (broadcast(N, state_bytes)), as ``DparStrategy.on_boundary``. A SLOW rank keeps
+Merge: when any rank is or was excluded (before or after this boundary's decision), the old group's
+leader broadcasts the training state to everyone, as ``DparStrategy.on_boundary`` /
+``broadcast_training_state``: each of the ``state_tensors`` tensors of the module's state_dict in its
+own broadcast (grad_bytes in all), then the optimizer's state_dict with ``broadcast_object`` (its
+pickled length, then ``optimizer_state_bytes``); every call a control call (alpha-beta +
+``control_op_s``)::
+
+    state_broadcast_s = state_tensors * control_s(N, broadcast, grad_bytes / state_tensors)
+                        + broadcast_object_s(N, optimizer_state_bytes)
+
+So it is paid at every boundary while someone is excluded, not only when membership changes. A SLOW rank keeps
 doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank computes nothing.
 """
 from __future__ import annotations
@@ -47,11 +56,21 @@ class DparPolicy(GroupPolicy):
             self.events.append({"kind": "transition", "step": position, "rank": t.rank, "from_state": t.from_state,
                                 "to_state": t.to_state, "ratio": t.ratio, "reason": t.reason})
 
+    def min_group_size(self) -> int:
+        return self.thresholds.min_active_for(len(self.memory.states))
+
     def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
         n = workload.world_size
         if len(old_group) < n or len(new_group) < n:
-            return network.broadcast_s(n, workload.model_state_bytes)
+            return state_broadcast_s(network, workload)
         return 0.0
+
+
+def state_broadcast_s(network: Network, workload: Workload) -> float:
+    """``HorovodStrategy.broadcast_training_state`` over everyone (see the module docstring)."""
+    n, k = workload.world_size, workload.state_tensors
+    return (network.control_s(n, "broadcast", workload.grad_bytes / k, calls=k)
+            + network.broadcast_object_s(n, workload.optimizer_state_bytes))
 
 
 def simulate_dpar(workload: Workload, network: Network, window_steps: int = 20,

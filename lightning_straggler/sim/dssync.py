@@ -6,7 +6,11 @@ the end) and every ``global_every_steps`` steps, as the strategy does.
 Event rule: a group's average starts when its last member has finished computing the step, costs
 allreduce(|G|, grad_bytes) (parameters are the size of the gradient), and releases every member at
 the same time; so a straggler only holds up its own group, and slowness spreads to the next step's
-groups through their members' start times. A global average is a barrier plus allreduce(N).
+groups through their members' start times. A global average is a barrier plus one control all-reduce over everyone
+(``control_s(N, allreduce, grad_bytes)`` = allreduce(N) + ``control_op_s``), skipped when the
+models already agree (the step's partition was one group of everyone), as ``DSSyncStrategy.global_average``.
+The per-step group average is the steady-state exchange (no ``control_op_s``); any other per-step
+work of the real strategy is in ``loop_overhead_s``.
 Every sample counts (every gradient updates some model). Vectorised per group size.
 """
 from __future__ import annotations
@@ -45,7 +49,7 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
             clock[members] = done[:, None]
         consensus = len(plan.partition(s)) == 1  # one group of everyone: nothing to average globally
         if not consensus and (workload.is_sync_point(s) or (global_every_steps and (s + 1) % global_every_steps == 0)):
-            clock[:] = clock.max() + network.allreduce_s(n, workload.grad_bytes)
+            clock[:] = clock.max() + network.control_s(n, "allreduce", workload.grad_bytes)
             globals_done += 1
         step_end[s] = clock.max()
     step_times = np.diff(np.concatenate([[0.0], step_end]))

@@ -7,19 +7,29 @@ positions after the last boundary; one that does not compute (DPAR's struck-out)
 
 Boundaries come after position p when (p + 1) is a multiple of ``window_steps`` and at the
 workload's sync points (epoch ends, validations, the last step), as ``PartialGroupStrategy._is_boundary``.
-At a boundary:
+At a boundary (every collective call here is a control call, ``Network.control_s``: its alpha-beta
+cost plus the fixed ``control_op_s``):
 
 1. the group has finished position p at time T; an outside rank meets the group's signal when it
    polls, i.e. at the end of the local step it is in at T (or, if it reached position p itself, it
-   blocks until T). The boundary starts when the last of them arrives;
+   blocks until T). The boundary starts when the last of them arrives. The signal itself is one
+   broadcast of 8 bytes over everyone, paid only when someone is outside;
 2. everyone all-gathers its window numbers (median compute per step, samples, steps, local steps):
    allgather(N, boundary_bytes);
-3. the algorithm decides (the project's policy) and merges (its cost, from the algorithm);
-4. a new group that leaves someone out needs a process set: one more small collective over all;
+3. the algorithm decides (the project's policy) and merges (its cost, ``GroupPolicy.merge_cost_s``);
+4. a new group that leaves someone out needs a Horovod process set. The strategies register every
+   possible group as a static set when there are at most 16 (``static_groups``: at 4 ranks, 10):
+   then nothing is paid; otherwise a set not seen before is created with ``hvd.add_process_set``,
+   one more control collective over all (allgather of the member list);
 5. outside ranks pass over the batches up to p (``skip_batch_s`` each) and everyone continues at p + 1.
+
+So with nobody outside before or after, a boundary costs exactly
+allgather(N, boundary_bytes) + control_op_s (plus the algorithm's merge, 0 for both when nobody is
+or was outside), i.e. a run without stragglers pays that once per window on top of ``ring``.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -52,11 +62,34 @@ class GroupPolicy:
                      workload: Workload) -> float:
         return 0.0
 
+    def min_group_size(self) -> int:
+        """The floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
+        return 1
+
     def counts_local_samples(self) -> bool:
         """Whether samples of local steps outside the group reach the model (awar: yes; dpar: no)."""
         return False
 
     events: list[dict]
+
+
+#: As ``strategies/partial_group.MAX_STATIC_GROUPS`` (not imported: that module needs torch).
+MAX_STATIC_GROUPS = 16
+
+
+def uses_static_sets(workload: Workload, policy: GroupPolicy) -> bool:
+    """Whether every possible group is a static process set, as ``PartialGroupStrategy.static_groups``."""
+    if workload.static_process_sets is not None:
+        return bool(workload.static_process_sets)
+    n = workload.world_size
+    return sum(math.comb(n, k) for k in range(max(1, policy.min_group_size()), n)) <= MAX_STATIC_GROUPS
+
+
+def boundary_exchange_s(network: Network, workload: Workload, someone_outside: bool) -> float:
+    """Steps 1-2 of a boundary: the signal (only when someone is outside) and the statistics all-gather."""
+    n = workload.world_size
+    signal = network.control_s(n, "broadcast", 8.0) if someone_outside else 0.0
+    return signal + network.control_s(n, "allgather", workload.boundary_bytes)
 
 
 def simulate_partial_group(workload: Workload, network: Network, policy: GroupPolicy,
@@ -70,6 +103,8 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
     samples = 0.0
     step_times: list[float] = []
     step_samples: list[float] = []
+    static_sets = uses_static_sets(workload, policy)
+    created_sets: set[tuple[int, ...]] = set()
     start = 0
     while start < steps:
         end = start
@@ -114,12 +149,13 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         per_rank_steps += steps_in_window
         rows: list[Row] = [(r, medians[r], int(steps_in_window[r] * b), int(steps_in_window[r]), int(local_steps[r]))
                            for r in range(n)]
-        t = arrive + network.allgather_s(n, workload.boundary_bytes)
+        t = arrive + boundary_exchange_s(network, workload, len(group) < n)
         policy.on_boundary(rows, group, end)
         new_group = policy.group()
         t += policy.merge_cost_s(group, new_group, network, workload)
-        if len(new_group) < n and new_group != group:
-            t += network.allgather_s(n, workload.boundary_bytes)  # adding a Horovod process set: a collective over all
+        if len(new_group) < n and not static_sets and new_group not in created_sets:
+            created_sets.add(new_group)  # hvd.add_process_set: a control collective over all, once per set
+            t += network.control_s(n, "allgather", 8.0 * len(new_group))
         for r in set(new_group) - in_group:
             local_steps[r] = 0
         step_times[-1] += t - t_group  # the boundary belongs to the window's last step

@@ -93,7 +93,9 @@ class Workload:
     steps_per_epoch: int = 0  # 0 = one epoch; epoch ends are sync points (dssync, dpar, awar)
     val_every_steps: int = 0  # 0 = no validation; validations are sync points too
     skip_batch_s: float = 0.0  # cost of passing over one batch (an excluded worker catching up)
-    boundary_bytes: float = 64.0  # per-rank payload of a boundary's statistics all-gather
+    boundary_bytes: float = 64.0  # per-rank payload of a boundary's statistics all-gather (5 float64 = 40 B, padded)
+    state_tensors: int = 1  # tensors in the module's state_dict: dpar's state broadcast sends each separately
+    static_process_sets: bool | None = None  # None: as the strategies decide (static when <= 16 possible groups)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +107,8 @@ class Workload:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (got {value!r})")
+        if not isinstance(self.state_tensors, (int, np.integer)) or self.state_tensors < 1:
+            raise ValueError(f"state_tensors must be an integer >= 1 (got {self.state_tensors!r})")
         if self.per_sample_s == 0 and self.overhead_s == 0:
             raise ValueError("per_sample_s and overhead_s cannot both be 0 (a step would take no time)")
         self.schedule = schedule_from_config(self.straggler)
@@ -112,6 +116,11 @@ class Workload:
     @property
     def model_state_bytes(self) -> float:
         return 2.0 * self.grad_bytes if self.state_bytes is None else float(self.state_bytes)
+
+    @property
+    def optimizer_state_bytes(self) -> float:
+        """What ``optimizer.state_dict()`` pickles (momentum buffers: the state beyond the parameters)."""
+        return max(0.0, self.model_state_bytes - self.grad_bytes)
 
     @property
     def global_batch(self) -> int:
