@@ -140,17 +140,20 @@ def decisions(events):
     return [{k: v for k, v in e.items() if k not in TIMING} for e in events]
 
 
-@pytest.mark.parametrize("name", ["dpar", pytest.param("awar", marks=pytest.mark.xfail(strict=False, reason=(
-    "seen once: after the resume the straggler closed no step before the group's first boundary (start-up "
-    "delay), so AWAR kept its class one window longer; which steps get measured is timing, not state")))])
+@pytest.mark.parametrize("name", ["dpar", "awar"])
 def test_resume_gives_identical_decisions(name, tmp_path):
     def make():
         if name == "dpar":
             return ConstructedDpar(window_steps=5, readmit_windows=2, time_schedule=SCHEDULE)
         return ConstructedAwar(period_steps=5, time_schedule=SCHEDULE)
 
-    def callbacks():  # the straggler is really slow too: the protocol runs on real timing
-        return [StragglerInjector(SCHEDULE, device_ms_per_sample=1.0)]
+    # The straggler is really slow too, so the protocol runs on real timing. For awar only mildly: a window
+    # in which an AWAR straggler closes no local step leaves it unmeasured (its class is kept), and whether
+    # that happens is timing, in a straight run as in a resumed one; a mild real slowdown makes it rare.
+    device_ms = 1.0 if name == "dpar" else 0.25
+
+    def callbacks():
+        return [StragglerInjector(SCHEDULE, device_ms_per_sample=device_ms)]
 
     k = 20  # rank 3 is excluded at the checkpoint; it recovers (two windows for dpar) after it; rank 1 after that
     straight, straight_events, resumed, events, trainer, ckpt = straight_and_resumed(make, k, tmp_path, callbacks)
