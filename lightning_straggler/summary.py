@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 SUMMARY_KEYS = ("algorithm", "world_size", "wall_s", "launch_s", "train_samples", "throughput_samples_per_s",
                 "val_acc", "target_acc", "time_to_target_s", "val_history", "per_rank", "events", "emulated",
-                "timeline_png", "config")
+                "timeline_png", "config", "restarts")
 
 
 def time_to_target(val_history: List[Dict[str, float]], target: float, key: str = "val_acc") -> Optional[float]:
