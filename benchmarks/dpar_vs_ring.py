@@ -67,18 +67,26 @@ TARGETS = {
 RANDOM2_FACTOR = 4.0
 
 
-def random2_events(seed: int, total_steps: int) -> List[Dict[str, Any]]:
-    """Two distinct ranks, each RANDOM2_FACTOR x slow for total//3 steps from a drawn start (seeded)."""
+def random2_events(seed: int, total_steps: int, world: int = WORKERS,
+                   factor: float = RANDOM2_FACTOR) -> List[Dict[str, Any]]:
+    """Two distinct ranks, each ``factor`` x slow for total//3 steps from a drawn start (seeded)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    ranks = sorted(int(r) for r in rng.choice(WORKERS, 2, replace=False))
+    ranks = sorted(int(r) for r in rng.choice(world, min(2, world), replace=False))
     length = max(1, total_steps // 3)
     events = []
     for rank in ranks:
         start = int(rng.integers(0, total_steps - length + 1))
-        events.append({"rank": rank, "factor": RANDOM2_FACTOR, "start_step": start, "end_step": start + length})
+        events.append({"rank": rank, "factor": factor, "start_step": start, "end_step": start + length})
     return events
+
+
+def events_override(events: List[Dict[str, Any]]) -> str:
+    """The Hydra override for a list of transient slowdown events."""
+    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
+                    for e in events)
+    return f"straggler.events=[{body}]"
 
 
 def straggler_overrides(scenario: str, total_steps: int, seed: int = 0) -> List[str]:
@@ -86,13 +94,11 @@ def straggler_overrides(scenario: str, total_steps: int, seed: int = 0) -> List[
         return ["straggler=none"]
     if scenario == "transient":
         start, end = total_steps // 3, (2 * total_steps) // 3
-        return ["straggler=transient", f"straggler.events=[{{rank:3,factor:4.0,start_step:{start},end_step:{end}}}]"]
+        return ["straggler=transient", events_override([{"rank": 3, "factor": 4.0, "start_step": start, "end_step": end}])]
     if scenario == "static":
         return ["straggler=static", "straggler.factors=[1.0,1.0,1.0,10.0]"]
     if scenario == "random2":
-        ev = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
-                      for e in random2_events(seed, total_steps))
-        return ["straggler=transient", f"straggler.events=[{ev}]"]
+        return ["straggler=transient", events_override(random2_events(seed, total_steps))]
     raise ValueError(scenario)
 
 

@@ -126,22 +126,16 @@ def available_scenarios() -> list[str]:
 
 # --- scenarios ----------------------------------------------------------------------------------
 def random2_events(seed: int, world: int, steps: int, factor: float = 4.0) -> list[dict[str, Any]]:
-    import numpy as np
+    """dpar_vs_ring's two seeded random stragglers, for any world size."""
+    from benchmarks.dpar_vs_ring import random2_events as drawn
 
-    rng = np.random.default_rng(seed)
-    ranks = sorted(int(r) for r in rng.choice(world, min(2, world), replace=False))
-    length = max(1, steps // 3)
-    out = []
-    for rank in ranks:
-        start = int(rng.integers(0, steps - length + 1))
-        out.append({"rank": rank, "factor": factor, "start_step": start, "end_step": start + length})
-    return out
+    return drawn(seed, steps, world=world, factor=factor)
 
 
 def _events_override(events: Sequence[dict[str, Any]]) -> str:
-    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
-                    for e in events)
-    return f"straggler.events=[{body}]"
+    from benchmarks.dpar_vs_ring import events_override
+
+    return events_override(list(events))
 
 
 def scenario_overrides(scenario: str, kind: str, world: int, steps: int, seed: int) -> tuple[list[str], bool]:
