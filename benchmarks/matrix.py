@@ -3,7 +3,7 @@
     python -m benchmarks.matrix [--quick] [--algorithms ring dpar awar dssync boa]
         [--scenarios none mix3 transient4x random2 permanent10x] [--world-sizes 4 8] [--seeds 3]
         [--steps S | --epochs E] [--device-ms 2.0] [--target-acc A] [--output-dir DIR]
-        [--sweep [--launcher submitit_slurm]] [--aggregate-only DIR]
+        [--sweep [--launcher submitit_slurm]] [--aggregate-only DIR] [--resume DIR]
 
 Each cell is one real multi-process Horovod run of the main job, ``python -m lightning_straggler.train``
 with Hydra overrides (``algorithm=<a> straggler=<scenario> trainer.devices=<N> seed=<s> ...``), on
@@ -80,7 +80,7 @@ ALGORITHMS = ("ring", "dpar", "awar", "dssync", "boa")
 SCENARIOS = ("none", "mix3", "transient4x", "random2", "permanent10x")
 QUICK = {"world_sizes": [4], "scenarios": ["none", "transient4x", "permanent10x"], "seeds": 1, "steps": 40,
          "target_acc": 0.25}
-DEFAULT_STEPS, DEFAULT_TARGET_ACC, DEFAULT_DEVICE_MS = 124, 0.4, 2.0
+DEFAULT_STEPS, DEFAULT_TARGET_ACC, DEFAULT_DEVICE_MS = 60, 0.3, 2.0
 MAX_SOLO = 6  # more distinct factors than this: measure the extremes (and 1) and interpolate
 RUN_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)_seed(?P<seed>\d+)$")
 METRICS = ("throughput", "time_to_target_s", "val_acc", "throughput_ratio_to_ring", "ttt_ratio_to_ring",
@@ -651,22 +651,47 @@ def run_direct(plan: Plan, out: str, started: float) -> tuple[list[dict[str, Any
         print(f"[matrix] {i}/{total} {label}: {status} in {rec['seconds']:.0f} s{rec.get('brief', '')} | elapsed "
               f"{el / 60:.1f} min, ETA {eta / 60:.1f} min, load {os.getloadavg()[0]:.1f}", flush=True)
 
+    # every finished run is appended to commands.jsonl at once, so --resume can skip it after an interruption
+    journal = os.path.join(out, "commands.jsonl")
+    previous = read_journal(journal) if a.resume else {}
+
+    def record(rec: dict[str, Any]) -> None:
+        commands.append(rec)
+        with open(journal, "a") as f:
+            f.write(json.dumps({k: v for k, v in rec.items() if k != "brief"}) + "\n")
+
+    def reused(d: str, key: str) -> dict[str, Any] | None:
+        if not a.resume or not os.path.exists(os.path.join(d, "summary.json")):
+            return None
+        rec = dict(previous.get(key) or {"command": "(finished before this --resume; command not journaled)",
+                                          "returncode": 0, "seconds": 0.0, "log": os.path.join(d, "train.log")})
+        rec["reused"] = True
+        return rec
+
     i = 0
     for s in plan.solo:
         i += 1
         d = os.path.join(out, "solo", f"f{s['factor']:g}")
+        if (rec := reused(d, f"solo:{s['factor']:g}")) is not None:
+            commands.append(rec)
+            print(f"[matrix] {i}/{total} solo factor {s['factor']:g}: finished earlier, reused", flush=True)
+            continue
         load = _load()
         rec = run_train(s["overrides"] + [f"output_dir={d}", f"hydra.run.dir={d}"], d, a.run_timeout, threads=a.threads)
         rec.update(kind="solo", factor=s["factor"], load_avg_before=load)
         if "error" not in rec:
             with open(os.path.join(d, "summary.json")) as f:
                 rec["brief"] = f", {json.load(f)['throughput_samples_per_s']:.0f} samples/s"
-        commands.append(rec)
+        record(rec)
         progress(i, f"solo factor {s['factor']:g}", rec)
     for c in plan.cells:
         i += 1
         name = run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"])
         d = os.path.join(out, "runs", name)
+        if (rec := reused(d, name)) is not None:
+            commands.append(rec)
+            print(f"[matrix] {i}/{total} {name}: finished earlier, reused", flush=True)
+            continue
         plot = c["scenario"] == a.timeline_scenario and c["seed"] == a.seeds_list[0]
         load = _load()
         rec = run_train(c["overrides"] + [f"profiler.plot={str(plot).lower()}", f"output_dir={d}", f"hydra.run.dir={d}"],
@@ -679,7 +704,7 @@ def run_direct(plan: Plan, out: str, started: float) -> tuple[list[dict[str, Any
                 s = json.load(f)
             rec["brief"] = (f", {s['throughput_samples_per_s']:.0f} samples/s, val_acc {_f(s['val_acc'], '.3f')}, "
                             f"wall {s['wall_s']:.1f} s + launch {s.get('launch_s', 0):.1f} s")
-        commands.append(rec)
+        record(rec)
         progress(i, name, rec)
     for rec in commands:
         rec.pop("brief", None)
@@ -713,6 +738,21 @@ def sweep_invocations(plan: Plan, out: str, launcher: str | None) -> list[dict[s
               f"hydra.sweep.subdir=${{algorithm.name}}_{sc}_N{n}_seed${{seed}}"]
         inv.append({"kind": "cells", "scenario": sc, "world_size": n, "overrides": ov})
     return inv
+
+
+def read_journal(path: str) -> dict[str, dict[str, Any]]:
+    """The finished runs of an earlier invocation in the same directory, by run name (``solo:<factor>`` for solo)."""
+    found: dict[str, dict[str, Any]] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the interruption
+                    continue
+                key = rec.get("run") or f"solo:{rec.get('factor', 0):g}"
+                found[key] = rec
+    return found
 
 
 def run_sweep(plan: Plan, out: str, started: float, launcher: str | None):
@@ -763,6 +803,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="with --sweep: a Hydra launcher of conf/hydra/launcher/ (e.g. submitit_slurm)")
     ap.add_argument("--aggregate-only", metavar="DIR", default=None,
                     help="re-aggregate an existing output directory (its runs/ and solo/) without running anything")
+    ap.add_argument("--resume", metavar="DIR", default=None,
+                    help="continue an interrupted invocation in DIR with the same options: runs that finished "
+                         "(summary.json present) are reused, the rest run")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     a = ap.parse_args(argv)
 
@@ -816,6 +859,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         launchers = sorted(os.path.splitext(p)[0] for p in os.listdir(os.path.join(CONF, "hydra", "launcher")))
         if a.launcher not in launchers + ["basic"]:
             bad("--launcher", f"invalid choice {a.launcher!r} (choose from basic, {', '.join(launchers)})")
+    if a.resume is not None:
+        if a.aggregate_only or a.sweep or a.output_dir:
+            bad("--resume", "cannot be combined with --aggregate-only, --sweep or --output-dir (it names the directory)")
+        if not os.path.isdir(a.resume):
+            bad("--resume", f"{a.resume} is not a directory")
     if a.aggregate_only and not os.path.isdir(os.path.join(a.aggregate_only, "runs")):
         bad("--aggregate-only", f"{a.aggregate_only} has no runs/ directory")
     return a
@@ -831,7 +879,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     stamp = time.strftime("%Y%m%d-%H%M%S") + ("-quick" if a.quick else "") + ("-sweep" if a.sweep else "")
-    out = os.path.abspath(a.aggregate_only or a.output_dir or os.path.join(RESULTS, stamp))
+    out = os.path.abspath(a.aggregate_only or a.resume or a.output_dir or os.path.join(RESULTS, stamp))
     print(f"[matrix] {len(a.algorithms)} algorithms {a.algorithms} x {len(a.scenarios)} scenarios {a.scenarios} x "
           f"N {a.world_sizes} x seeds {a.seeds_list}: {len(plan.cells)} runs + {len(plan.solo)} solo calibration runs "
           f"(factors {[s['factor'] for s in plan.solo]}); steps per run {[plan.steps(n) for n in a.world_sizes]}; "
@@ -860,7 +908,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         mode = "sweep"
     else:
         runs, solo, commands = run_direct(plan, out, started)
-        mode = "quick" if a.quick else "direct"
+        mode = ("quick" if a.quick else "direct") + (" (resumed)" if a.resume else "")
     report = finish(plan, out, started, load_start, runs, solo, commands, mode)
     print()
     print(markdown(report))

@@ -222,3 +222,26 @@ def test_tiny_grid_end_to_end(tmp_path):
     md = (out / "matrix.md").read_text()
     assert "| 2 | none | ring |" in md and "| 2 | none | dpar |" in md and "efficiency" in md
     assert os.path.exists(s["plots"][0])
+
+    # an interrupted invocation: dpar's run never finished; --resume reruns only it, the rest is reused
+    ring_before = json.loads((out / "runs" / "ring_none_N2_seed0" / "summary.json").read_text())
+    (out / "runs" / "dpar_none_N2_seed0" / "summary.json").unlink()
+    again = m.main(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1",
+                    "--steps", "8", "--resume", str(out)])
+    reused = {c.get("run") or f"solo:{c.get('factor', 0):g}": c.get("reused", False) for c in again["commands"]}
+    assert reused == {"solo:1": True, "ring_none_N2_seed0": True, "dpar_none_N2_seed0": False}
+    # the reused records are the journaled ones, with the original command lines
+    assert all("lightning_straggler.train" in c["command"] for c in again["commands"])
+    assert (out / "runs" / "dpar_none_N2_seed0" / "summary.json").exists()
+    assert json.loads((out / "runs" / "ring_none_N2_seed0" / "summary.json").read_text()) == ring_before
+    assert {c["algorithm"]: c["ok"] for c in again["cells"]} == {"ring": 1, "dpar": 1}
+    assert again["mode"] == "direct (resumed)"
+
+
+def test_resume_needs_a_directory_alone(tmp_path, capsys):
+    for argv, words in ((["--resume", str(tmp_path / "none")], ["--resume", "not a directory"]),
+                        (["--resume", str(tmp_path), "--sweep"], ["--resume", "cannot be combined"])):
+        with pytest.raises(SystemExit):
+            m.parse_args(argv)
+        err = capsys.readouterr().err
+        assert all(w in err for w in words), err
