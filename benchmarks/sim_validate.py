@@ -57,6 +57,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 from typing import Any
 
@@ -67,6 +68,9 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DEFAULT_ROOTS = [os.path.join(RESULTS, "matrix"), *(os.path.join(RESULTS, d) for d in ("dpar", "boa", "dssync", "ring_runs"))]
 OUT = os.path.join(RESULTS, "scale")
 TARGET = 0.15
+RUN_NAME = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)_seed(?P<seed>\d+)$")  # benchmarks.matrix's
+SCENARIO_ORDER = {s: i for i, s in enumerate(("none", "mix3", "transient4x", "random2", "permanent10x"))}
+ALGO_ORDER = {a: i for i, a in enumerate(("ring", "dpar", "awar", "dssync", "boa"))}
 
 
 # --- reading runs ---------------------------------------------------------------------------------
@@ -140,7 +144,16 @@ def calibration_constants(s: dict[str, Any]) -> dict[str, float]:
 
 
 def network_for(consts: dict[str, float]) -> Network:
-    return Network("calibrated", consts["alpha_s"], 0.0, consts.get("control_op_s", 0.0))
+    return Network("calibrated", consts["alpha_s"], 0.0, consts.get("control_op_s", 0.0),
+                   consts.get("process_set_create_s"))
+
+
+def measured_create_s(path: str = os.path.join(OUT, "process_set_cost.json")) -> dict[int, float]:
+    """``hvd.add_process_set`` seconds by world size, from ``benchmarks.process_set_cost`` (if run)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {int(r["world_size"]): float(r["create_s"]) for r in json.load(f)["rows"]}
 
 
 def model_size(s: dict[str, Any]) -> tuple[float, int, float]:
@@ -252,8 +265,10 @@ def predict(s: dict[str, Any], consts: dict[str, float]) -> float:
     return simulate_run(s, consts).throughput_samples_per_s
 
 
-def validate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def validate(runs: list[dict[str, Any]], create_s: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """Every run predicted; ``create_s``: measured process-set creation seconds by world size."""
     ring_none = [r for r in runs if r["algorithm"] == "ring" and is_none_run(r)]
+    create_s = create_s or {}
     cells = []
     for s in runs:
         measured = float(s["throughput_samples_per_s"])
@@ -271,6 +286,8 @@ def validate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             cell["status"] = "predicted"
         consts = merged_constants(pool)
+        if int(s["world_size"]) in create_s:  # a platform constant, measured alone (not on this run)
+            consts["process_set_create_s"] = create_s[int(s["world_size"])]
         predicted = predict(s, consts)
         cell |= {"calibrated_from": [p["path"] for p in pool], "calibration": consts,
                  "predicted_samples_per_s": predicted, "ring_only_error": predicted / measured - 1.0,
@@ -355,18 +372,72 @@ def markdown(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (algorithm, N, scenario) of a benchmark matrix: the medians over its seeds of measured
+    and predicted throughput, the error of those medians, and the range of the runs' own errors."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in cells:
+        name = os.path.basename(os.path.dirname(c["run"]))
+        m = RUN_NAME.match(name)
+        if m and "error" in c:
+            groups.setdefault((c["algorithm"], int(c["world_size"]), m.group("scenario")), []).append(c)
+    rows = []
+    for (algo, n, sc), cs in sorted(groups.items(), key=lambda kv: (kv[0][1], SCENARIO_ORDER.get(kv[0][2], 99), kv[0][2],
+                                                                     ALGO_ORDER.get(kv[0][0], 99))):
+        own = cs[0].get("judged_on") == "own-none"
+        meas = statistics.median(c["measured_samples_per_s"] for c in cs)
+        pred = statistics.median(c["own_predicted_samples_per_s" if own else "predicted_samples_per_s"] for c in cs)
+        ring_pred = statistics.median(c["predicted_samples_per_s"] for c in cs)
+        calibration = all(c["status"] != "predicted" for c in cs)
+        rows.append({"algorithm": algo, "world_size": n, "scenario": sc, "seeds": len(cs), "judged_on": cs[0].get("judged_on"),
+                     "measured": meas, "predicted": pred, "error": pred / meas - 1.0, "ring_only_error": ring_pred / meas - 1.0,
+                     "run_errors": [c["error"] for c in cs], "status": "calibration" if calibration else "predicted"})
+    return rows
+
+
+def grid_markdown(rows: list[dict[str, Any]], grid: str) -> str:
+    scored = [r for r in rows if r["status"] == "predicted"]
+    within = [r for r in scored if abs(r["error"]) <= TARGET]
+    runs = [e for r in scored for e in r["run_errors"]]
+    lines = [f"# Simulator vs the benchmark matrix `{grid}`", "",
+             f"Cells (median over seeds): **{len(within)} of {len(scored)} within ±{TARGET:.0%}**, median |error| "
+             f"{statistics.median(abs(r['error']) for r in scored):.1%}; runs: {sum(abs(e) <= TARGET for e in runs)} of "
+             f"{len(runs)} within ±{TARGET:.0%}. Calibration: module docstring of `benchmarks/sim_validate.py` (no-straggler "
+             "runs only; those cells are listed as calibration, error 0 by construction).", "",
+             "| N | scenario | algorithm | seeds | measured samples/s | predicted | error | ring-only error | runs' errors | |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        flag = "" if r["status"] != "predicted" else ("ok" if abs(r["error"]) <= TARGET else "**miss**")
+        lines.append(f"| {r['world_size']} | {r['scenario']} | {r['algorithm']} | {r['seeds']} | {r['measured']:,.0f} | "
+                     f"{r['predicted']:,.0f} | {r['error']:+.1%} | {r['ring_only_error']:+.1%} | "
+                     f"{', '.join(f'{e:+.0%}' for e in r['run_errors'])} | {flag or r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--roots", nargs="+", default=DEFAULT_ROOTS)
+    parser.add_argument("--grid", metavar="DIR", default=None,
+                        help="validate one benchmark matrix output directory only (its runs/), writing "
+                             "sim_validate.{json,md} there with a table per cell (median over seeds)")
     parser.add_argument("--out", default=OUT)
     args = parser.parse_args(argv)
+    if args.grid:
+        if not os.path.isdir(os.path.join(args.grid, "runs")):
+            parser.error(f"--grid: {args.grid} has no runs/ directory")
+        args.roots, args.out = [os.path.join(args.grid, "runs")], args.grid
     runs = load_runs(args.roots)
-    cells = validate(runs)
+    cells = validate(runs, measured_create_s())
     mark_superseded(cells)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "sim_validate.json"), "w") as f:
-        json.dump({"what": __doc__, "target_abs_error": TARGET, "cells": cells}, f, indent=1)
+    report: dict[str, Any] = {"what": __doc__, "target_abs_error": TARGET, "process_set_create_s": measured_create_s(),
+                              "cells": cells}
     text = markdown(cells)
+    if args.grid:
+        report["grid_cells"] = grid_cells(cells)
+        text = grid_markdown(report["grid_cells"], os.path.relpath(args.grid, ROOT)) + "\n" + text
+    with open(os.path.join(args.out, "sim_validate.json"), "w") as f:
+        json.dump(report, f, indent=1)
     with open(os.path.join(args.out, "sim_validate.md"), "w") as f:
         f.write(text)
     print(text)

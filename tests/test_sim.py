@@ -233,6 +233,15 @@ def test_dynamic_process_sets_cost_one_control_call_per_new_set():
     static = workload(8, steps=120, straggler=straggler, static_process_sets=True)
     extra = simulate("dpar", dynamic, CONTROLLED).wall_s - simulate("dpar", static, CONTROLLED).wall_s
     assert extra == pytest.approx(CONTROLLED.allgather_s(8, 8.0 * 7) + CONTROLLED.control_op_s, rel=1e-9)  # one set
+    # a measured creation cost (benchmarks.process_set_cost) replaces that control call, once per new set
+    measured = Network("m", CONTROLLED.alpha_s, CONTROLLED.beta_s_per_byte, CONTROLLED.control_op_s, process_set_create_s=1.5)
+    extra = simulate("dpar", dynamic, measured).wall_s - simulate("dpar", static, measured).wall_s
+    assert extra == pytest.approx(1.5, rel=1e-9)
+    assert simulate("dpar", workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}),
+                    measured).wall_s == pytest.approx(simulate("dpar", workload(4, steps=120, straggler={
+                        "scenario": "static", "factors": [1, 1, 1, 10]}), CONTROLLED).wall_s, rel=1e-12)  # 4: static sets
+    with pytest.raises(ValueError, match="process_set_create_s"):
+        Network("bad", 0.0, 0.0, 0.0, process_set_create_s=-1.0)
 
 
 def test_dssync_global_average_is_a_control_call():

@@ -20,7 +20,8 @@ cost plus the fixed ``control_op_s``):
 4. a new group that leaves someone out needs a Horovod process set. The strategies register every
    possible group as a static set when there are at most 16 (``static_groups``: at 4 ranks, 10):
    then nothing is paid; otherwise a set not seen before is created with ``hvd.add_process_set``,
-   one more control collective over all (allgather of the member list);
+   one more collective over all (``Network.create_process_set_s``: measured by
+   ``benchmarks/process_set_cost.py``, else one control all-gather of the member list);
 5. outside ranks pass over the batches up to p (``skip_batch_s`` each) and everyone continues at p + 1.
 
 So with nobody outside before or after, a boundary costs exactly
@@ -155,7 +156,7 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         t += policy.merge_cost_s(group, new_group, network, workload)
         if len(new_group) < n and not static_sets and new_group not in created_sets:
             created_sets.add(new_group)  # hvd.add_process_set: a control collective over all, once per set
-            t += network.control_s(n, "allgather", 8.0 * len(new_group))
+            t += network.create_process_set_s(n, len(new_group))
         for r in set(new_group) - in_group:
             local_steps[r] = 0
         step_times[-1] += t - t_group  # the boundary belongs to the window's last step
