@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue as queue_mod
 import statistics
 import time
 from typing import Any
@@ -78,33 +76,9 @@ def _worker(rank: int, size: int, port: int, repeats: int, creations: int, resul
 
 
 def measure(size: int, repeats: int, creations: int, timeout_s: float = 600) -> dict[str, Any]:
-    from lightning_straggler.launcher import _Rendezvous
+    from benchmarks.local_workers import run_workers
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    rendezvous = _Rendezvous(size)
-    procs = [ctx.Process(target=_worker, args=(r, size, rendezvous.port, repeats, creations, results))
-             for r in range(size)]
-    got: dict[int, dict[str, list[float]]] = {}
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.time() + timeout_s
-        while len(got) < size:
-            try:
-                rank, rec = results.get(timeout=2)
-                got[rank] = rec
-            except queue_mod.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) or time.time() > deadline:
-                    raise RuntimeError(f"N={size}: a worker failed or the run passed {timeout_s:.0f} s "
-                                       f"(exit codes {[p.exitcode for p in procs]})") from None
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        rendezvous.stop()
+    got = run_workers(_worker, size, (repeats, creations), timeout_s, f"process_set_cost N={size}")
     r0 = got[0]
     return {"world_size": size, "repeats": repeats, "creations": creations, "grad_bytes": 4 * GRAD_FLOATS,
             **{k: statistics.median(v) for k, v in r0.items()},

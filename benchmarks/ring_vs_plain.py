@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import platform
-import queue as queue_mod
 import statistics
 import time
 from typing import Any, Dict, List
@@ -107,40 +105,15 @@ def _plain_worker(rank: int, size: int, port: int, opts: Dict[str, Any], results
                 break
         hvd.allreduce(torch.zeros(1), name="end")  # wait for the slowest rank, like the profiler's gather
         seconds = time.perf_counter() - started
-        results.put((rank, steps * BATCH, seconds))
+        results.put((rank, (steps * BATCH, seconds)))
     finally:
         hvd.shutdown()
 
 
 def run_plain(opts: Dict[str, Any]) -> Dict[str, Any]:
-    from lightning_straggler.launcher import _Rendezvous
+    from benchmarks.local_workers import run_workers
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    rendezvous = _Rendezvous(WORKERS)
-    procs = [ctx.Process(target=_plain_worker, args=(r, WORKERS, rendezvous.port, opts, results))
-             for r in range(WORKERS)]
-    per_rank: Dict[int, tuple] = {}
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.time() + 900
-        while len(per_rank) < WORKERS:
-            try:
-                rank, samples, seconds = results.get(timeout=2)
-                per_rank[rank] = (samples, seconds)
-            except queue_mod.Empty:
-                # a crashed worker would otherwise leave us waiting for the whole deadline
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if dead or time.time() > deadline:
-                    raise RuntimeError(f"plain loop failed (worker exit codes {[p.exitcode for p in procs]})")
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:  # only the processes started here
-            if p.is_alive():
-                p.terminate()
-        rendezvous.stop()
+    per_rank = run_workers(_plain_worker, WORKERS, (opts,), 900, "plain loop")
     samples = sum(s for s, _ in per_rank.values())
     seconds = per_rank[0][1]
     return {"samples": samples, "seconds": seconds, "throughput": samples / seconds,

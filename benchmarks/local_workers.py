@@ -1,0 +1,41 @@
+"""Start ``size`` local Horovod workers (Gloo on loopback) running one function, and collect what each puts
+on its result queue. Shared by the benchmarks that time Horovod without Lightning."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import time
+from typing import Any, Callable
+
+
+def run_workers(target: Callable[..., None], size: int, args: tuple, timeout_s: float, what: str) -> dict[int, Any]:
+    """``target(rank, size, port, *args, results)`` in ``size`` spawned processes; each puts ``(rank, value)``
+    on ``results``. Returns ``{rank: value}``; a crashed worker or the deadline raises at once, naming ``what``."""
+    from lightning_straggler.launcher import _Rendezvous
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    rendezvous = _Rendezvous(size)
+    procs = [ctx.Process(target=target, args=(r, size, rendezvous.port, *args, results)) for r in range(size)]
+    got: dict[int, Any] = {}
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.time() + timeout_s
+        while len(got) < size:
+            try:
+                rank, value = results.get(timeout=2)
+                got[rank] = value
+            except queue_mod.Empty:
+                # a crashed worker would otherwise leave us waiting for the whole deadline
+                if any(p.exitcode not in (None, 0) for p in procs) or time.time() > deadline:
+                    raise RuntimeError(f"{what} failed or passed {timeout_s:.0f} s "
+                                       f"(worker exit codes {[p.exitcode for p in procs]})") from None
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:  # only the processes started here
+            if p.is_alive():
+                p.terminate()
+        rendezvous.stop()
+    return got
