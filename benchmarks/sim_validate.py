@@ -64,10 +64,10 @@ import glob
 import json
 import math
 import os
-import re
 import statistics
 from typing import Any
 
+from benchmarks.matrix import ALGORITHMS, RUN_RE, SCENARIOS
 from lightning_straggler.sim import Network, Workload, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,9 +75,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DEFAULT_ROOTS = [os.path.join(RESULTS, "matrix"), *(os.path.join(RESULTS, d) for d in ("dpar", "boa", "dssync", "ring_runs"))]
 OUT = os.path.join(RESULTS, "scale")
 TARGET = 0.15
-RUN_NAME = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)_seed(?P<seed>\d+)$")  # benchmarks.matrix's
-SCENARIO_ORDER = {s: i for i, s in enumerate(("none", "mix3", "transient4x", "random2", "permanent10x"))}
-ALGO_ORDER = {a: i for i, a in enumerate(("ring", "dpar", "awar", "dssync", "boa"))}
+SCENARIO_ORDER = {s: i for i, s in enumerate(SCENARIOS)}
+ALGO_ORDER = {a: i for i, a in enumerate(ALGORITHMS)}
 
 
 # --- reading runs ---------------------------------------------------------------------------------
@@ -385,7 +384,7 @@ def grid_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for c in cells:
         name = os.path.basename(os.path.dirname(c["run"]))
-        m = RUN_NAME.match(name)
+        m = RUN_RE.match(name)
         if m and "error" in c:
             groups.setdefault((c["algorithm"], int(c["world_size"]), m.group("scenario")), []).append(c)
     rows = []
