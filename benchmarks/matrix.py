@@ -30,8 +30,8 @@ Figures (every one relative to something measured in the same invocation):
   throughput   = summary ``throughput_samples_per_s`` = train_samples / wall_s (validation included;
                  samples of discarded local steps are not counted);
   ratio        = X / ring under the same scenario, world size and seed (then median, min, max over
-                 seeds); time to target ratio likewise (X / ring, lower is better); accuracy difference in
-                 points against ring;
+                 seeds, and the interval below); time to target ratio likewise (X / ring, lower is better);
+                 accuracy difference in points against ring;
   efficiency   = throughput / ideal, with
       r(f)     = the sample rate of a 1-worker run ALONE at constant slowdown factor f (straggler=static,
                  factors [f]), same emulation, same steps, same torch threads per process: samples per step
@@ -42,14 +42,35 @@ Figures (every one relative to something measured in the same invocation):
                  e.g. scenario: random, then measured at the extremes and 1);
       R_i      = S / sum_{s < S} tau(f_i(s)): worker i's time-weighted rate over its schedule f_i(s)
                  for the run's S steps (= r(f_i) for a constant factor);
-      t_ar     = the all-reduce transfer per step: mean over ranks of (comm_s.total - wait_s.total) /
-                 steps of the ring run with no straggler at the same N and seed (else ring under the
+      t_ar     = the all-reduce transfer per step: mean over ranks of comm_s.total / steps (summary.json's
+                 comm_s is the transfer alone: lightning_straggler.profiling subtracts each step's waiting
+                 before summarising, so wait_s is not subtracted again) of the ring run with no straggler at the same N and seed (else ring under the
                  same scenario; else the median over seeds at that N; else 0, flagged);
       ideal    = G / (G / sum_i R_i + t_ar), G = N x batch (the global batch of one step): the N workers
                  each at their own solo speed, perfectly balanced, plus one all-reduce per step.
   Efficiency therefore counts as loss everything but each worker's typical step and one all-reduce:
   waiting, protocol overhead, omitted data, validation and Lightning's work between steps, load spikes,
   and the CPU sharing of N processes on the machine's cores.
+
+Statistics (the scoring rules, fixed in code before a grid runs: ``STATISTICS`` is written into summary.json):
+  order        the runs of every (world size, scenario, seed) block run in an order drawn from
+               random.Random("matrix-order:<order_seed>:<N>:<scenario>:<seed>") (``--order-seed``, default 0;
+               recorded in settings and per run as order_seed / order_position), not ring first;
+  pairs        every ratio is per seed, X's run against ring's run of the same block (same seed, scenario
+               and world size); a seed where a run failed (time to target: or did not reach it) has no pair;
+  interval     per cell the median of the paired values and a 95% percentile bootstrap interval of that
+               median: 10,000 resamples of the pairs with replacement, numpy default_rng(14); with fewer
+               than 3 pairs the interval is "not available" and the label "n/a". With 3 to 5 pairs the
+               interval is the range of the pairs (a resample's median is the smallest value with
+               probability > 2.5%), so a win then means every seed won; from 6-7 pairs on it trims;
+  label        "win" only when the interval lies wholly on the better side of the reference (throughput
+               X/ring: lower end > 1; time to target X/ring, lower is better: upper end < 1; accuracy
+               points: lower end > 0), "loss" only when wholly on the worse side, else "no difference";
+  noise        ``--noise`` runs ring twice in every block (the second is ``ring#2``, run directory
+               ``<ring run name>_rep2``, drawn into the block's order like any algorithm) and reports
+               ring#2 / ring with the same interval per (N, scenario) at the top of matrix.md: the
+               machine's own run-to-run noise, which a "win" has to clear.
+  (``--sweep`` runs in Hydra's order: no shuffled order and no ``--noise`` there.)
 
 ``--sweep`` runs the same grid through Hydra multirun (``-m``, one invocation per scenario and world
 size, and per seed where the scenario's overrides depend on it), into the same layout
@@ -83,6 +104,36 @@ QUICK = {"world_sizes": [4], "scenarios": ["none", "transient4x", "permanent10x"
 DEFAULT_STEPS, DEFAULT_TARGET_ACC, DEFAULT_DEVICE_MS = 60, 0.3, 2.0
 MAX_SOLO = 6  # more distinct factors than this: measure the extremes (and 1) and interpolate
 RUN_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)_seed(?P<seed>\d+)$")
+# a repeated run of the same configuration (the --noise replica of ring): <run name>_rep<k>, k >= 2; RUN_RE
+# (read by benchmarks.sim_validate) deliberately does not match it
+REP_RE = re.compile(r"^(?P<base>.+_N\d+_seed\d+)_rep(?P<rep>[2-9]|[1-9]\d+)$")
+NOISE_LABEL = "ring#2"  # the second ring run of a block under --noise (run directory <ring run name>_rep2)
+# statistics, fixed before any grid runs (see the module docstring, "Statistics")
+BOOT_RESAMPLES = 10_000
+BOOT_SEED = 14
+MIN_SEEDS_FOR_INTERVAL = 3
+CONFIDENCE = 0.95
+# the per-run ratios that get an interval and a label: (key, reference value, higher is better)
+RATIO_METRICS = (("throughput_ratio_to_ring", 1.0, True), ("ttt_ratio_to_ring", 1.0, False),
+                 ("acc_diff_points_vs_ring", 0.0, True))
+STATISTICS = {
+    "pairs": "one value per seed: X's run / ring's run of the same seed, scenario and world size (accuracy: "
+             "difference in points); a seed where either run failed, or (time to target) either did not reach "
+             "the target, has no pair",
+    "statistic": "median of the paired values",
+    "interval": f"{CONFIDENCE:.0%} percentile bootstrap of that median: {BOOT_RESAMPLES} resamples of the pairs "
+                f"with replacement, numpy default_rng({BOOT_SEED}); not available with fewer than "
+                f"{MIN_SEEDS_FOR_INTERVAL} pairs",
+    "label": "win only when the whole interval is on the better side of the reference (throughput ratio: lower "
+             "end > 1; time-to-target ratio X/ring, lower is better: upper end < 1; accuracy points: lower end > "
+             "0), loss only when wholly on the worse side, else no difference; n/a without an interval",
+    "resamples": BOOT_RESAMPLES, "boot_seed": BOOT_SEED, "min_seeds": MIN_SEEDS_FOR_INTERVAL, "confidence": CONFIDENCE,
+    "metrics": {k: {"reference": ref, "higher_is_better": hib} for k, ref, hib in RATIO_METRICS},
+    "noise": f"--noise: ring runs twice in every block ({NOISE_LABEL}, run directory <ring run>_rep2), and "
+             f"{NOISE_LABEL}/ring gets the same interval: a ratio that size is the machine's, not the algorithm's",
+    "order": "the runs of each (world size, scenario, seed) block run in an order shuffled by "
+             "random.Random('matrix-order:<order_seed>:<N>:<scenario>:<seed>'); --order-seed, recorded per run",
+}
 METRICS = ("throughput", "time_to_target_s", "val_acc", "throughput_ratio_to_ring", "ttt_ratio_to_ring",
            "acc_diff_points_vs_ring", "efficiency", "ideal", "wall_s")
 EFFICIENCY_FORMULA = (
@@ -90,7 +141,7 @@ EFFICIENCY_FORMULA = (
     "R_i = S / sum_{s<S} tau(f_i(s)) (worker i's time-weighted solo rate over its schedule, S steps); "
     "tau(f) = 1 / r(f), r(f) = samples per step / (p50 compute_s + p50 comm_s) of a 1-worker run alone at "
     "constant factor f (same emulation, steps and threads), tau piecewise linear in f between measured factors; t_ar = mean over ranks of "
-    "(comm_s.total - wait_s.total) / steps of ring with no straggler at the same N and seed (fallbacks: ring "
+    "comm_s.total / steps (comm_s is the transfer alone: profiling reports it net of waiting) of ring with no straggler at the same N and seed (fallbacks: ring "
     "under the same scenario, median over seeds at N, 0)")
 
 
@@ -103,16 +154,81 @@ def spread(xs: Iterable[float | None]) -> dict[str, Any]:
     return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
 
 
-def run_name(algorithm: str, scenario: str, world: int, seed: int) -> str:
-    return f"{algorithm}_{scenario}_N{world}_seed{seed}"
+def run_name(algorithm: str, scenario: str, world: int, seed: int, rep: int = 1) -> str:
+    return f"{algorithm}_{scenario}_N{world}_seed{seed}" + (f"_rep{rep}" if rep > 1 else "")
 
 
 def parse_run_name(name: str) -> dict[str, Any] | None:
+    rep = 1
+    if (r := REP_RE.match(name)) is not None:
+        name, rep = r["base"], int(r["rep"])
     m = RUN_RE.match(name)
     if not m or m["algorithm"] not in ALGORITHMS:
         return None
-    return {"algorithm": m["algorithm"], "scenario": m["scenario"], "world_size": int(m["world"]),
-            "seed": int(m["seed"])}
+    out = {"algorithm": m["algorithm"], "scenario": m["scenario"], "world_size": int(m["world"]), "seed": int(m["seed"])}
+    if rep > 1:
+        out["rep"] = rep
+    return out
+
+
+def _name(r: dict[str, Any]) -> str:
+    return run_name(r["algorithm"], r["scenario"], r["world_size"], r["seed"], r.get("rep", 1))
+
+
+# --- statistics (pure) --------------------------------------------------------------------------
+def block_order(labels: Sequence[str], world: int, scenario: str, seed: int, order_seed: int) -> list[str]:
+    """The run order of one (world size, scenario, seed) block: a shuffle drawn from a RNG seeded by
+    (order_seed, world, scenario, seed), so the same options give the same order (``--resume``)."""
+    import random
+
+    out = list(labels)
+    random.Random(f"matrix-order:{order_seed}:{world}:{scenario}:{seed}").shuffle(out)
+    return out
+
+
+def paired_bootstrap(values: Iterable[float | None], resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
+                     confidence: float = CONFIDENCE, min_n: int = MIN_SEEDS_FOR_INTERVAL) -> dict[str, Any]:
+    """Median of per-seed paired statistics (X/ring of the same seed, scenario and world size: one value
+    per pair) and a percentile bootstrap interval of that median: resample the pairs with replacement
+    ``resamples`` times (numpy default_rng(seed)), take the median of each resample, and the
+    (1-confidence)/2 and (1+confidence)/2 quantiles. Fewer than ``min_n`` pairs: no interval."""
+    import numpy as np
+
+    v = np.asarray([float(x) for x in values if x is not None], dtype=float)
+    out: dict[str, Any] = {"median": float(np.median(v)) if len(v) else None, "lo": None, "hi": None, "n": int(len(v)),
+                           "confidence": confidence, "resamples": resamples, "boot_seed": seed}
+    if len(v) < min_n:
+        out["interval"] = f"not available (fewer than {min_n} paired seeds: {len(v)})"
+        return out
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(v), size=(resamples, len(v)))
+    meds = np.median(v[idx], axis=1)
+    out["lo"], out["hi"] = (float(q) for q in np.quantile(meds, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    out["interval"] = "percentile bootstrap over paired seeds"
+    return out
+
+
+def label(ci: dict[str, Any], reference: float = 1.0, higher_is_better: bool = True) -> str:
+    """"win" only when the whole interval is on the better side of ``reference``, "loss" only when it is
+    wholly on the worse side, else "no difference"; "n/a" without an interval (fewer seeds than needed)."""
+    if ci.get("lo") is None or ci.get("hi") is None:
+        return "n/a"
+    if ci["lo"] > reference:
+        return "win" if higher_is_better else "loss"
+    if ci["hi"] < reference:
+        return "loss" if higher_is_better else "win"
+    return "no difference"
+
+
+def interval_table(rs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Median, bootstrap interval and label of every RATIO_METRICS key over the per-run records ``rs``
+    (one per seed: each value is already paired with ring's run of the same seed)."""
+    out = {}
+    for key, ref, higher in RATIO_METRICS:
+        ci = paired_bootstrap(r.get(key) for r in rs)
+        ci["label"] = label(ci, ref, higher)
+        out[key] = ci
+    return out
 
 
 def steps_per_epoch(world: int, num_samples: int = 10000, batch: int = 32) -> int:
@@ -200,6 +316,7 @@ class Plan:
                     steps = self.steps(world)
                     for sc in a.scenarios:
                         extra, seed_dep = scenario_overrides(sc, kinds[sc], world, steps, seed)
+                        block: dict[str, dict[str, Any]] = {}
                         for algo in a.algorithms:
                             ov = [f"algorithm={algo}", f"straggler={sc}", *extra, *self.common(world, steps), f"seed={seed}"]
                             try:
@@ -207,9 +324,14 @@ class Plan:
                             except Exception as e:  # noqa: BLE001  (ConfigError or a Hydra composition error: both name the setting)
                                 raise ValueError(f"--scenarios {sc} with --algorithms {algo} at --world-sizes {world}: "
                                                  f"{e}") from None
-                            self.cells.append({"algorithm": algo, "scenario": sc, "world_size": world, "seed": seed,
-                                               "steps": steps, "overrides": ov, "extra": extra, "seed_dependent": seed_dep,
-                                               "factors": factor_table(cfg.straggler, world, steps)})
+                            block[algo] = {"algorithm": algo, "scenario": sc, "world_size": world, "seed": seed,
+                                           "steps": steps, "overrides": ov, "extra": extra, "seed_dependent": seed_dep,
+                                           "factors": factor_table(cfg.straggler, world, steps)}
+                        if a.noise:  # ring again, same configuration: the machine's own run-to-run noise
+                            block[NOISE_LABEL] = dict(block["ring"], rep=2)
+                        # the block's run order, drawn per block (ring no longer always first)
+                        for pos, lab in enumerate(block_order(list(block), world, sc, seed, a.order_seed)):
+                            self.cells.append(dict(block[lab], order_seed=a.order_seed, order_position=pos))
             # solo calibration: one 1-worker run per distinct factor of the grid's schedules
             self.solo_steps = max(self.steps(w) for w in a.world_sizes)
             self.solo_val = self.val_every(1, self.solo_steps)
@@ -264,11 +386,13 @@ def ideal_throughput(rates: Sequence[float], global_batch: int, t_ar: float) -> 
 
 
 def allreduce_cost(summary: dict[str, Any]) -> float | None:
-    """Transfer time per step (waiting excluded), mean over ranks, from a summary's per_rank."""
+    """Transfer time per step, mean over ranks, from a summary's per_rank: ``comm_s`` there is already the
+    transfer alone (lightning_straggler.profiling.summarise subtracts each step's wait), so it is not
+    reduced by ``wait_s`` again."""
     vals = []
     for r in summary.get("per_rank", {}).values():
-        if r.get("steps"):
-            vals.append(max(0.0, r["comm_s"]["total"] - r["wait_s"]["total"]) / r["steps"])
+        if r.get("steps"):  # profiling.summarise reports comm_s net of waiting already (transfer only)
+            vals.append(max(0.0, r["comm_s"]["total"]) / r["steps"])
     return statistics.mean(vals) if vals else None
 
 
@@ -292,10 +416,11 @@ def load_runs(runs_dir: str, planned: Sequence[dict[str, Any]] | None = None,
             rec["error"] = errors.get(os.path.basename(d), "no summary.json (the run failed or did not finish)")
         found[os.path.basename(d)] = rec
     for c in planned or []:
-        name = run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"])
+        name = _name(c)
         if name not in found:
-            found[name] = {k: c[k] for k in ("algorithm", "scenario", "world_size", "seed")}
+            found[name] = {k: c[k] for k in ("algorithm", "scenario", "world_size", "seed", "rep") if k in c}
             found[name].update(run_dir=os.path.join(runs_dir, name), error=errors.get(name, "did not run"))
+        found[name].update({k: c[k] for k in ("order_seed", "order_position") if k in c})
     return list(found.values())
 
 
@@ -327,6 +452,8 @@ def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[st
     ``error``; solo: {factor: {"factor": f, "rate": r(f)}}; factors: run name -> f_i(s) table (ranks x steps).
     """
     calibration = {float(v["factor"]): float(v["rate"]) for v in solo.values() if v.get("rate")}
+    noise_runs = [r for r in runs if r.get("rep", 1) > 1]
+    runs = [r for r in runs if r.get("rep", 1) == 1]
     ok = {(r["algorithm"], r["scenario"], r["world_size"], r["seed"]): r for r in runs if "summary" in r}
 
     # all-reduce cost per (N, seed)
@@ -355,7 +482,7 @@ def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[st
     for r in sorted(runs, key=lambda r: (r["world_size"], r["scenario"], r["seed"], ALGORITHMS.index(r["algorithm"]))):
         name = run_name(r["algorithm"], r["scenario"], r["world_size"], r["seed"])
         rec: dict[str, Any] = {k: r[k] for k in ("algorithm", "scenario", "world_size", "seed")}
-        rec["run_dir"] = r.get("run_dir")
+        rec.update({k: r[k] for k in ("run_dir", "order_seed", "order_position") if k in r})
         if "summary" not in r:
             rec["error"] = r.get("error", "unknown")
             per_run.append(rec)
@@ -369,13 +496,7 @@ def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[st
                    val_history=[[v["elapsed_s"], v["val_acc"]] for v in s.get("val_history", [])])
         ring = ok.get(("ring", r["scenario"], r["world_size"], r["seed"]))
         if ring is not None:
-            g = ring["summary"]
-            rec["throughput_ratio_to_ring"] = (s["throughput_samples_per_s"] / g["throughput_samples_per_s"]
-                                               if g["throughput_samples_per_s"] else None)
-            rec["ttt_ratio_to_ring"] = (s["time_to_target_s"] / g["time_to_target_s"]
-                                        if s["time_to_target_s"] is not None and g["time_to_target_s"] else None)
-            rec["acc_diff_points_vs_ring"] = (100.0 * (s["val_acc"] - g["val_acc"])
-                                              if s["val_acc"] is not None and g["val_acc"] is not None else None)
+            rec.update(vs_ring(s, ring["summary"]))
         table = factors.get(name)
         if table is None:  # sweep output of a run not planned here: rebuild the schedule from its config
             table = factors_from_summary(s)
@@ -399,10 +520,46 @@ def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[st
                                 "errors": [{"seed": p["seed"], "error": p["error"]} for p in rs if "error" in p]}
         for m in METRICS:
             cell[m] = spread(p.get(m) for p in good)
+        # per-seed ratios are paired with ring's run of the same seed: bootstrap them as pairs
+        cell["intervals"] = interval_table(good)
         cells.append(cell)
-    return {"runs": per_run, "cells": cells,
+
+    # machine noise: ring's second run of a block against its first (same configuration, same block)
+    noise_per_run: list[dict[str, Any]] = []
+    for r in sorted(noise_runs, key=lambda r: (r["world_size"], r["scenario"], r["seed"], r.get("rep", 1))):
+        rec = {k: r[k] for k in ("algorithm", "scenario", "world_size", "seed", "rep") if k in r}
+        rec.update({k: r[k] for k in ("run_dir", "order_seed", "order_position") if k in r})
+        rec["label"] = NOISE_LABEL if r.get("rep", 1) == 2 else f"ring#{r['rep']}"
+        ring = ok.get(("ring", r["scenario"], r["world_size"], r["seed"]))
+        if "summary" not in r:
+            rec["error"] = r.get("error", "unknown")
+        elif ring is None:
+            rec["error"] = "no first ring run in its block to pair with"
+        else:
+            s = r["summary"]
+            rec.update(throughput=s["throughput_samples_per_s"], time_to_target_s=s["time_to_target_s"],
+                       val_acc=s["val_acc"], wall_s=s["wall_s"], **vs_ring(s, ring["summary"]))
+        noise_per_run.append(rec)
+    noise = []
+    for n, sc in sorted({(p["world_size"], p["scenario"]) for p in noise_per_run}):
+        rs = [p for p in noise_per_run if (p["world_size"], p["scenario"]) == (n, sc) and "error" not in p]
+        noise.append({"world_size": n, "scenario": sc, "label": NOISE_LABEL, "runs": len(rs),
+                      "throughput": spread(p["throughput"] for p in rs),
+                      "intervals": interval_table(rs)})
+    return {"runs": per_run, "cells": cells, "noise_runs": noise_per_run, "noise": noise,
+            "statistics": STATISTICS,
             "comm_cost": {f"N{n}_seed{sd}": v for (n, sd), v in sorted(comm.items())},
             "calibration": solo, "efficiency_formula": EFFICIENCY_FORMULA}
+
+
+def vs_ring(s: dict[str, Any], g: dict[str, Any]) -> dict[str, float | None]:
+    """One run's ratios to ring's run of the same scenario, world size and seed (summary dicts)."""
+    return {"throughput_ratio_to_ring": (s["throughput_samples_per_s"] / g["throughput_samples_per_s"]
+                                         if g["throughput_samples_per_s"] else None),
+            "ttt_ratio_to_ring": (s["time_to_target_s"] / g["time_to_target_s"]
+                                  if s["time_to_target_s"] is not None and g["time_to_target_s"] else None),
+            "acc_diff_points_vs_ring": (100.0 * (s["val_acc"] - g["val_acc"])
+                                        if s["val_acc"] is not None and g["val_acc"] is not None else None)}
 
 
 def factors_from_summary(s: dict[str, Any]) -> list[list[float]] | None:
@@ -429,6 +586,17 @@ def _cellfmt(d: dict[str, Any], spec: str) -> str:
     return f"{format(d['median'], spec)} [{format(d['min'], spec)}–{format(d['max'], spec)}]"
 
 
+def _cifmt(ci: dict[str, Any] | None, spec: str) -> str:
+    """median [lo, hi] label; without an interval: median (n pairs) n/a."""
+    if not ci or ci.get("median") is None:
+        return "-"
+    if ci.get("lo") is None:
+        return f"{format(ci['median'], spec)} (n={ci['n']}) n/a"
+    lab = ci.get("label", "")
+    lab = f"**{lab}**" if lab in ("win", "loss") else lab
+    return f"{format(ci['median'], spec)} [{format(ci['lo'], spec)}, {format(ci['hi'], spec)}] {lab}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     st = report["settings"]
     out = [f"# Benchmark matrix {report['stamp']}", "",
@@ -438,17 +606,44 @@ def markdown(report: dict[str, Any]) -> str:
            f"factor); target accuracy {st['target_acc']}. Median over seeds, [min–max] where more than one seed."),
            "", (f"Load average (1/5/15 min) at start {report['load_avg']['start']}, at end {report['load_avg']['end']}; "
            f"{report['cpu_count']} CPUs; total {report['total_runtime_s']:.0f} s."), "",
-           f"Efficiency: {EFFICIENCY_FORMULA}.", "",
-           ("| N | scenario | algorithm | ok | samples/s | / ring | efficiency | ideal samples/s "
-           f"| time to {st['target_acc']} (s) | ttt / ring | reached | val acc | acc − ring (pts) |"),
-           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           f"Efficiency: {EFFICIENCY_FORMULA}.", ""]
+    stats = report.get("statistics", STATISTICS)
+    out += [f"Statistics: ratios are paired per seed with ring's run of the same block; per cell the {stats['statistic']} "
+            f"[{stats['interval']}] and a label: {stats['label']}. Run order shuffled per block (order seed "
+            f"{st.get('order_seed', '-')}).", ""]
+    noise = report.get("noise") or []
+    if noise:
+        out += [f"## Machine noise: {NOISE_LABEL} / ring (ring run twice in every block, same configuration)", "",
+                f"A ratio of an algorithm to ring inside this cell's {NOISE_LABEL} interval is indistinguishable from "
+                "running ring again.", "",
+                f"| N | scenario | pairs | samples/s {NOISE_LABEL} / ring | ttt {NOISE_LABEL} / ring | acc {NOISE_LABEL} − ring (pts) |",
+                "|---:|---|---:|---:|---:|---:|"]
+        for c in noise:
+            iv = c["intervals"]
+            out.append(f"| {c['world_size']} | {c['scenario']} | {c['runs']} | {_cifmt(iv['throughput_ratio_to_ring'], '.2f')} "
+                       f"| {_cifmt(iv['ttt_ratio_to_ring'], '.2f')} | {_cifmt(iv['acc_diff_points_vs_ring'], '+.1f')} |")
+        out.append("")
+    elif st.get("noise"):
+        out += [f"Machine noise: --noise was given but no {NOISE_LABEL} run has a first ring run to pair with.", ""]
+    else:
+        out += ["Machine noise: not measured in this invocation (run with `--noise`).", ""]
+    out += ["## Cells", "",
+            ("Columns \"/ ring\", \"ttt / ring\" and \"acc − ring\": median over paired seeds [95% bootstrap interval] "
+             "label; samples/s, efficiency, ideal, time, val acc: median [min–max] over seeds."), "",
+            ("| N | scenario | algorithm | ok | samples/s | / ring | efficiency | ideal samples/s "
+             f"| time to {st['target_acc']} (s) | ttt / ring | reached | val acc | acc − ring (pts) |"),
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in report["cells"]:
+        iv = c.get("intervals") or {}
+        ref = c["algorithm"] == "ring"  # ring against itself: 1 by construction
         out.append(f"| {c['world_size']} | {c['scenario']} | {c['algorithm']} | {c['ok']}/{c['runs']} "
-                   f"| {_cellfmt(c['throughput'], '.0f')} | {_cellfmt(c['throughput_ratio_to_ring'], '.2f')} "
+                   f"| {_cellfmt(c['throughput'], '.0f')} "
+                   f"| {'1 (reference)' if ref else _cifmt(iv.get('throughput_ratio_to_ring'), '.2f')} "
                    f"| {_cellfmt(c['efficiency'], '.2f')} | {_cellfmt(c['ideal'], '.0f')} "
-                   f"| {_cellfmt(c['time_to_target_s'], '.1f')} | {_cellfmt(c['ttt_ratio_to_ring'], '.2f')} "
+                   f"| {_cellfmt(c['time_to_target_s'], '.1f')} "
+                   f"| {'-' if ref else _cifmt(iv.get('ttt_ratio_to_ring'), '.2f')} "
                    f"| {c['reached_target']}/{c['ok']} | {_cellfmt(c['val_acc'], '.3f')} "
-                   f"| {_cellfmt(c['acc_diff_points_vs_ring'], '+.1f')} |")
+                   f"| {'-' if ref else _cifmt(iv.get('acc_diff_points_vs_ring'), '+.1f')} |")
     out += ["", "## Solo calibration (1 worker alone, same emulation)", "",
             "| factor | r(f) samples/s (p50 step) | s/sample | train_samples / wall_s | steps |",
             "|---:|---:|---:|---:|---:|"]
@@ -459,10 +654,9 @@ def markdown(report: dict[str, Any]) -> str:
     out += [f"- {k}: {_f(1e3 * v['t_ar_s'] if v['t_ar_s'] is not None else None, '.2f')} ms ({v['source']})"
             for k, v in report["comm_cost"].items()] or ["- not measured (no ring / none run)"]
     out += ["", "## Scenarios", ""] + [f"- `{k}`: {v}" for k, v in report["scenario_descriptions"].items()]
-    failed = [r for r in report["runs"] if "error" in r]
+    failed = [r for r in report["runs"] + report.get("noise_runs", []) if "error" in r]
     if failed:
-        out += ["", "## Failed runs", ""] + [f"- {run_name(r['algorithm'], r['scenario'], r['world_size'], r['seed'])}: "
-                                             f"{r['error'][:300]}" for r in failed]
+        out += ["", "## Failed runs", ""] + [f"- {_name(r)}: {r['error'][:300]}" for r in failed]
     out += ["", "## Plots", ""] + [f"- {os.path.basename(p)}" for p in report.get("plots", [])]
     return "\n".join(out) + "\n"
 
@@ -567,7 +761,7 @@ def describe(plan: Plan) -> dict[str, str]:
 def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str, Any]], solo: dict[str, Any],
            commands: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     a = plan.args
-    factors = {run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"]): c["factors"] for c in plan.cells}
+    factors = {_name(c): c["factors"] for c in plan.cells}
     agg = aggregate(runs, solo, factors, plan.batch)
     report = {
         "what": "benchmarks.matrix: algorithms x straggler scenarios x world sizes x seeds (see the module docstring)",
@@ -576,6 +770,7 @@ def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str
                      "seeds": a.seeds_list, "steps_by_world": {str(n): plan.steps(n) for n in a.world_sizes},
                      "epochs": a.epochs, "device_ms": a.device_ms, "batch": plan.batch, "num_samples": plan.num_samples,
                      "target_acc": a.target_acc, "threads_per_worker": a.threads,
+                     "order_seed": a.order_seed, "noise": a.noise,
                      "val_check_interval_steps": {str(n): plan.val_every(n, plan.steps(n)) for n in a.world_sizes}, "solo_steps": plan.solo_steps,
                      "solo_val_check_interval_steps": plan.solo_val, "timeline_scenario": a.timeline_scenario,
                      "emulated": f"device time EMULATED: every batch sleeps factor x {a.device_ms} ms per sample after "
@@ -686,7 +881,7 @@ def run_direct(plan: Plan, out: str, started: float) -> tuple[list[dict[str, Any
         progress(i, f"solo factor {s['factor']:g}", rec)
     for c in plan.cells:
         i += 1
-        name = run_name(c["algorithm"], c["scenario"], c["world_size"], c["seed"])
+        name = _name(c)
         d = os.path.join(out, "runs", name)
         if (rec := reused(d, name)) is not None:
             commands.append(rec)
@@ -696,7 +891,8 @@ def run_direct(plan: Plan, out: str, started: float) -> tuple[list[dict[str, Any
         load = _load()
         rec = run_train(c["overrides"] + [f"profiler.plot={str(plot).lower()}", f"output_dir={d}", f"hydra.run.dir={d}"],
                         d, a.run_timeout, threads=a.threads)
-        rec.update(kind="cell", run=name, load_avg_before=load)
+        rec.update(kind="cell", run=name, load_avg_before=load, order_seed=c["order_seed"],
+                   order_position=c["order_position"])
         if "error" in rec:
             errors[name] = rec["error"]
         else:
@@ -806,6 +1002,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", metavar="DIR", default=None,
                     help="continue an interrupted invocation in DIR with the same options: runs that finished "
                          "(summary.json present) are reused, the rest run")
+    ap.add_argument("--noise", action="store_true",
+                    help=f"run ring twice in every (N, scenario, seed) block ({NOISE_LABEL}) and report {NOISE_LABEL}/ring "
+                         "with its interval: the machine's run-to-run noise")
+    ap.add_argument("--order-seed", type=int, default=0,
+                    help="seed of the per-block run order (default 0; recorded in the output)")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the plan, run nothing")
     a = ap.parse_args(argv)
 
@@ -853,6 +1054,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         bad("--threads", f"must be >= 1 (got {a.threads})")
     if a.run_timeout <= 0:
         bad("--run-timeout", f"must be > 0 (got {a.run_timeout})")
+    if a.sweep and a.noise:
+        bad("--noise", "not with --sweep (a Hydra multirun cannot run ring twice into one sweep directory)")
     if a.launcher is not None:
         if not a.sweep:
             bad("--launcher", "only with --sweep")

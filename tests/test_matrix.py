@@ -44,11 +44,25 @@ def test_ideal_throughput_formula():
     assert m.ideal_throughput([400.0, 100.0, 100.0], 96, 0.0) == pytest.approx(600.0)
 
 
-def test_allreduce_cost_excludes_waiting():
-    s = {"per_rank": {"0": {"steps": 10, "comm_s": {"total": 0.5}, "wait_s": {"total": 0.3}},
-                      "1": {"steps": 10, "comm_s": {"total": 0.2}, "wait_s": {"total": 0.0}}}}
-    assert m.allreduce_cost(s) == pytest.approx(0.02)
+def test_allreduce_cost_is_the_transfer_profiling_reports():
+    # summary.json's comm_s is already net of waiting (profiling.summarise): it is not reduced again
+    s = {"per_rank": {"0": {"steps": 10, "comm_s": {"total": 0.2}, "wait_s": {"total": 0.3}},
+                      "1": {"steps": 10, "comm_s": {"total": 0.4}, "wait_s": {"total": 0.0}}}}
+    assert m.allreduce_cost(s) == pytest.approx(0.03)
     assert m.allreduce_cost({"per_rank": {}}) is None
+
+
+def test_allreduce_cost_from_real_profiling_records():
+    from lightning_straggler.profiling import StepRecord, summarise
+
+    # every step: rank 0 arrives first and blocks 30 ms for rank 1, then both transfer for 20 ms
+    recs = []
+    for step in range(5):
+        recs.append(StepRecord(0, step, 0.0, 0.01, 0.05, 32, 0))
+        recs.append(StepRecord(1, step, 0.0, 0.04, 0.02, 32, 0))
+    per_rank = {str(k): v for k, v in summarise(recs).items()}
+    assert per_rank["0"]["wait_s"]["total"] == pytest.approx(0.15)
+    assert m.allreduce_cost({"per_rank": per_rank}) == pytest.approx(0.02)
 
 
 def test_spread_and_run_names():
@@ -115,15 +129,15 @@ def test_aggregate_ratios_efficiency_and_errors():
     assert cells[("none", "dpar")]["throughput_ratio_to_ring"]["median"] == pytest.approx(1.1)
     assert cells[("none", "dpar")]["ttt_ratio_to_ring"]["median"] == pytest.approx(0.5)
     assert cells[("none", "dpar")]["acc_diff_points_vs_ring"]["median"] == pytest.approx(2.0)
-    # t_ar: ranks' (comm - wait) / steps = (0.02 + 0.01) / 2 = 15 ms; ideal = 64 / (64 / 800 + 0.015)
-    ideal = 64 / (64 / 800 + 0.015)
-    assert agg["comm_cost"]["N2_seed0"]["t_ar_s"] == pytest.approx(0.015)
+    # t_ar: ranks' comm (already net of waiting) / steps = 0.2 / 10 = 20 ms, whatever wait_s says
+    ideal = 64 / (64 / 800 + 0.02)
+    assert agg["comm_cost"]["N2_seed0"]["t_ar_s"] == pytest.approx(0.02)
     run0 = next(r for r in agg["runs"] if (r["algorithm"], r["scenario"], r["seed"]) == ("ring", "none", 0))
     assert run0["ideal"] == pytest.approx(ideal) and run0["efficiency"] == pytest.approx(600 / ideal)
     assert ring["efficiency"]["min"] == pytest.approx(600 / ideal) and ring["efficiency"]["max"] == pytest.approx(720 / ideal)
     # the slow scenario's ideal uses the slow worker's solo rate, and the same t_ar (ring / none)
     slow = next(r for r in agg["runs"] if (r["algorithm"], r["scenario"], r["seed"]) == ("ring", "slow", 0))
-    assert slow["ideal"] == pytest.approx(64 / (64 / 500 + 0.015)) and slow["t_ar_source"] == "ring_none_N2_seed0"
+    assert slow["ideal"] == pytest.approx(64 / (64 / 500 + 0.02)) and slow["t_ar_source"] == "ring_none_N2_seed0"
     # a failed run is recorded and the cell keeps the other seeds' figures
     bad = cells[("slow", "dpar")]
     assert bad["ok"] == 0 and bad["runs"] == 1 and bad["errors"] == [{"seed": 0, "error": "exit code 1"}]
@@ -139,6 +153,149 @@ def test_aggregate_without_ring_none_falls_back():
     assert agg["runs"][0]["t_ar_source"] == "ring_x_N2_seed0"
     agg = m.aggregate(runs, {}, {"ring_x_N2_seed0": [[1.0] * 10] * 2})
     assert "efficiency" not in agg["runs"][0] and agg["cells"][0]["efficiency"]["median"] is None
+
+
+# --- statistics ---------------------------------------------------------------------------------
+def test_paired_bootstrap_small_samples_give_the_range_and_no_interval_below_three():
+    # with 3 (or 5) pairs the median of a resample is the smallest value with probability > 2.5%:
+    # the 95% interval is the whole range, so a "win" needs every seed's ratio above 1
+    for vals in ([1.2, 1.05, 1.3], [1.2, 1.05, 1.3, 1.1, 1.15]):
+        ci = m.paired_bootstrap(vals)
+        assert ci["median"] == pytest.approx(sorted(vals)[len(vals) // 2])
+        assert (ci["lo"], ci["hi"]) == (pytest.approx(min(vals)), pytest.approx(max(vals)))
+        assert ci["n"] == len(vals) and ci["resamples"] == 10_000
+        assert m.label(ci) == "win"
+    two = m.paired_bootstrap([1.5, 1.6, None])
+    assert two["median"] == pytest.approx(1.55) and two["lo"] is None and two["hi"] is None and two["n"] == 2
+    assert "not available" in two["interval"] and m.label(two) == "n/a"
+    assert m.paired_bootstrap([])["median"] is None
+
+
+def test_paired_bootstrap_seven_pairs_trims_the_extremes_and_is_seeded():
+    # 7 pairs: P(median of a resample = the smallest) = 1.0%, P(<= the 2nd smallest) = 10.8%: the 2.5%
+    # quantile is the 2nd smallest value, the 97.5% quantile the 2nd largest
+    vals = [0.80, 1.02, 1.04, 1.06, 1.08, 1.10, 1.50]
+    ci = m.paired_bootstrap(vals)
+    assert ci["median"] == pytest.approx(1.06)
+    assert ci["lo"] == pytest.approx(1.02) and ci["hi"] == pytest.approx(1.10)
+    assert m.label(ci) == "win"  # one bad seed of seven does not decide it
+    assert m.paired_bootstrap(vals) == ci  # the same seed, the same interval
+    assert m.paired_bootstrap(list(reversed(vals)))["lo"] == pytest.approx(1.02)
+
+
+def test_labels_for_each_direction():
+    inside = {"lo": 0.95, "hi": 1.08}
+    assert m.label(inside) == "no difference" and m.label(inside, 1.0, False) == "no difference"
+    above, below = {"lo": 1.01, "hi": 1.3}, {"lo": 0.7, "hi": 0.99}
+    assert m.label(above) == "win" and m.label(below) == "loss"
+    # time to target X/ring: lower is better
+    assert m.label(below, 1.0, False) == "win" and m.label(above, 1.0, False) == "loss"
+    # accuracy difference in points against 0
+    assert m.label({"lo": 0.2, "hi": 1.0}, 0.0) == "win" and m.label({"lo": -1.0, "hi": 0.5}, 0.0) == "no difference"
+    # the interval touching the reference is not a win
+    assert m.label({"lo": 1.0, "hi": 1.2}) == "no difference"
+    assert m.label({"lo": None, "hi": None}) == "n/a"
+
+
+def test_block_order_is_seeded_per_block_and_not_ring_first():
+    labels = ["ring", "dpar", "awar", "dssync", "boa", m.NOISE_LABEL]
+    orders = {(n, sc, sd): m.block_order(labels, n, sc, sd, 0)
+              for n in (4, 8) for sc in ("none", "mix3") for sd in range(5)}
+    assert all(sorted(o) == sorted(labels) for o in orders.values())
+    assert orders == {k: m.block_order(labels, *k, 0) for k in orders}  # reproducible (--resume relies on it)
+    firsts = {o[0] for o in orders.values()}
+    assert len(firsts) >= 3 and len({tuple(o) for o in orders.values()}) >= 15
+    assert any(m.block_order(labels, *k, 1) != o for k, o in orders.items())  # --order-seed changes it
+
+
+def test_rep_run_names_are_the_matrix_own_and_invisible_to_run_re():
+    name = m.run_name("ring", "mix3", 4, 2, rep=2)
+    assert name == "ring_mix3_N4_seed2_rep2" and m.run_name("ring", "mix3", 4, 2) == "ring_mix3_N4_seed2"
+    assert m.parse_run_name(name) == {"algorithm": "ring", "scenario": "mix3", "world_size": 4, "seed": 2, "rep": 2}
+    assert m.RUN_RE.match(name) is None  # benchmarks.sim_validate's grid rows use RUN_RE: no second ring row
+    assert m.parse_run_name("ring_mix3_N4_seed2_rep1") is None
+
+
+def _paired_runs(ratios, noise=None, scenario="none", n=4):
+    """ring at 1000 samples/s per seed, dpar at ratio x 1000, and ring#2 at noise x 1000."""
+    runs = []
+    for sd, r in enumerate(ratios):
+        runs.append({"algorithm": "ring", "scenario": scenario, "world_size": n, "seed": sd,
+                     "summary": _summary("ring", n, 1000.0, 10.0, 0.5)})
+        runs.append({"algorithm": "dpar", "scenario": scenario, "world_size": n, "seed": sd,
+                     "summary": _summary("dpar", n, 1000.0 * r, 10.0 / r, 0.5 + 0.01 * (r - 1))})
+        if noise is not None:
+            runs.append({"algorithm": "ring", "rep": 2, "scenario": scenario, "world_size": n, "seed": sd,
+                         "summary": _summary("ring", n, 1000.0 * noise[sd], 10.0, 0.5)})
+    return runs
+
+
+def test_aggregate_intervals_labels_and_noise():
+    ratios, noise = [1.3, 1.2, 1.25, 1.4, 1.15], [1.02, 0.97, 1.05, 0.99, 1.01]
+    agg = m.aggregate(_paired_runs(ratios, noise), {}, {})
+    cells = {c["algorithm"]: c for c in agg["cells"]}
+    assert set(cells) == {"ring", "dpar"}  # the replica is not a cell of its own
+    iv = cells["dpar"]["intervals"]
+    assert iv["throughput_ratio_to_ring"]["median"] == pytest.approx(1.25)
+    assert iv["throughput_ratio_to_ring"]["lo"] == pytest.approx(1.15) and iv["throughput_ratio_to_ring"]["label"] == "win"
+    assert iv["ttt_ratio_to_ring"]["hi"] == pytest.approx(1 / 1.15) and iv["ttt_ratio_to_ring"]["label"] == "win"
+    assert iv["acc_diff_points_vs_ring"]["label"] == "win"
+    assert cells["dpar"]["throughput_ratio_to_ring"]["n"] == 5  # the ring#2 runs are not ring's pairs
+    assert cells["ring"]["runs"] == 5 and cells["ring"]["throughput"]["median"] == pytest.approx(1000.0)
+    (nc,) = agg["noise"]
+    assert (nc["world_size"], nc["scenario"], nc["runs"], nc["label"]) == (4, "none", 5, "ring#2")
+    tn = nc["intervals"]["throughput_ratio_to_ring"]
+    assert tn["median"] == pytest.approx(1.01) and (tn["lo"], tn["hi"]) == (pytest.approx(0.97), pytest.approx(1.05))
+    assert tn["label"] == "no difference"
+    assert {r["seed"]: r["throughput_ratio_to_ring"] for r in agg["noise_runs"]} == pytest.approx(dict(enumerate(noise)))
+    assert agg["statistics"]["resamples"] == 10_000 and agg["statistics"]["min_seeds"] == 3
+
+    # a loss, and a cell without enough pairs (one seed's dpar run failed, one more absent)
+    runs = _paired_runs([0.8, 0.9, 0.85])
+    runs[1] = {k: runs[1][k] for k in ("algorithm", "scenario", "world_size", "seed")} | {"error": "exit code 1"}
+    agg = m.aggregate(runs, {}, {})
+    d = next(c for c in agg["cells"] if c["algorithm"] == "dpar")
+    assert d["intervals"]["throughput_ratio_to_ring"]["n"] == 2 and d["intervals"]["throughput_ratio_to_ring"]["label"] == "n/a"
+    agg = m.aggregate(_paired_runs([0.8, 0.9, 0.85]), {}, {})
+    d = next(c for c in agg["cells"] if c["algorithm"] == "dpar")
+    assert d["intervals"]["throughput_ratio_to_ring"]["label"] == "loss" and agg["noise"] == []
+
+
+def _report(agg, noise):
+    st = {"algorithms": ["ring", "dpar"], "scenarios": ["none"], "world_sizes": [4], "seeds": [0, 1, 2, 3, 4],
+          "steps_by_world": {"4": 10}, "batch": 32, "device_ms": 2.0, "target_acc": 0.3, "order_seed": 0, "noise": noise}
+    return {"stamp": "t", "settings": st, "load_avg": {"start": [0, 0, 0], "end": [0, 0, 0]}, "cpu_count": 2,
+            "total_runtime_s": 1.0, "scenario_descriptions": {}, "plots": [], **agg}
+
+
+def test_markdown_prints_noise_first_and_labels():
+    md = m.markdown(_report(m.aggregate(_paired_runs([1.3, 1.2, 1.25, 1.4, 1.15], [1.02, 0.97, 1.05, 0.99, 1.01]),
+                                        {}, {}), True))
+    assert md.index("## Machine noise: ring#2 / ring") < md.index("## Cells")
+    assert "| 4 | none | 5 | 1.01 [0.97, 1.05] no difference |" in md
+    assert "| 4 | none | dpar | 5/5 | 1250 [1150–1400] | 1.25 [1.15, 1.40] **win** |" in md
+    assert "| 4 | none | ring | 5/5 | 1000 [1000–1000] | 1 (reference) |" in md
+    md = m.markdown(_report(m.aggregate(_paired_runs([1.3]), {}, {}), False))
+    assert "not measured in this invocation (run with `--noise`)" in md and "1.30 (n=1) n/a" in md
+
+
+def test_noise_plan_runs_ring_twice_per_block_in_a_drawn_order():
+    a = m.parse_args(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "4", "--seeds", "4",
+                      "--steps", "30", "--noise", "--order-seed", "3"])
+    plan = m.Plan(a)
+    plan.build()
+    assert len(plan.cells) == 4 * 3
+    for sd in range(4):
+        block = [c for c in plan.cells if c["seed"] == sd]
+        assert [c["order_position"] for c in block] == [0, 1, 2] and all(c["order_seed"] == 3 for c in block)
+        labels = [m.NOISE_LABEL if c.get("rep", 1) == 2 else c["algorithm"] for c in block]
+        assert labels == m.block_order(["ring", "dpar", m.NOISE_LABEL], 4, "none", sd, 3)
+        rep = next(c for c in block if c.get("rep") == 2)
+        ring = next(c for c in block if c["algorithm"] == "ring" and c.get("rep", 1) == 1)
+        assert rep["overrides"] == ring["overrides"] and m._name(rep) == f"ring_none_N4_seed{sd}_rep2"
+    assert len({m._name(c) for c in plan.cells}) == len(plan.cells)
+    with pytest.raises(SystemExit):
+        m.parse_args(["--noise", "--sweep"])
 
 
 # --- options ------------------------------------------------------------------------------------
