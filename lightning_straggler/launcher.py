@@ -23,7 +23,8 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.multiprocessing as mp
@@ -39,10 +40,16 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
-# Peers of a dead or failed rank fail too (broken Gloo connection, Horovod shut down); such errors are
-# consequences, not causes, when the launcher works out which rank to blame.
-_PEER_LOSS = ("HorovodInternalError", "Horovod has been shut down", "Connection closed by peer",
-              "Connection reset by peer", "Broken pipe", "gloo/transport", "HorovodShutdownError")
+# Peers of a dead or failed rank fail too (broken Gloo connection, Horovod shut down by the failing rank,
+# its process sets gone, a collective aborted); such errors are consequences, not causes, when the
+# launcher works out which rank to blame. Matched (case-insensitively) against the exception's own text,
+# not the traceback's frames.
+CONSEQUENCES = (
+    "horovod has been shut down", "horovodinternalerror", "horovodshutdownerror",
+    "process set provided does not exist", "has not been registered",
+    "connection closed by peer", "connection reset by peer", "connection refused", "broken pipe",
+    "gloo/transport", "gloo error", "aborted",
+)
 _NAME_BYTES = 96
 _GRACE_S = 5.0  # how long the survivors get to end by themselves before SIGTERM (then as long before SIGKILL)
 
@@ -52,12 +59,99 @@ class WorkerFailure(RuntimeError):
 
     ``kind`` is ``died`` (signal or exit code), ``raised`` (an exception in the worker), ``stall`` or
     ``timeout``; ``rank`` is the rank to blame (``None`` when no single rank is); ``dead_ranks`` are the
-    workers a restart has to go on without.
+    workers a restart has to go on without; ``reports`` how each worker ended, in the order the launcher
+    saw them (empty for a stall or a time-out).
     """
 
-    def __init__(self, message: str, kind: str, rank: Optional[int], reason: str, dead_ranks: List[int]) -> None:
+    def __init__(self, message: str, kind: str, rank: Optional[int], reason: str, dead_ranks: List[int],
+                 reports: Sequence["Report"] = ()) -> None:
         super().__init__(message)
         self.kind, self.rank, self.reason, self.dead_ranks = kind, rank, reason, list(dead_ranks)
+        self.reports = list(reports)
+
+
+@dataclass
+class Report:
+    """How one worker ended: ``exitcode`` (negative: killed by that signal), its traceback (empty when
+    it did not raise), when it noted its own exception (``noted``, before it shut Horovod down; 0 when it
+    did not) and when the launcher saw it exit (``seen``). ``frozen`` describes a worker the watchdog
+    found frozen (and ended)."""
+
+    rank: int
+    exitcode: Optional[int]
+    traceback: str = ""
+    noted: float = 0.0
+    seen: float = 0.0
+    frozen: str = ""
+
+    @property
+    def at(self) -> float:
+        """When the cause happened, as far as the launcher can tell."""
+        return self.noted or self.seen
+
+
+# Levels of blame, most to least likely to be the cause.
+OWN, ABORTED, CONSEQUENCE = 0, 1, 2
+
+
+def exception_text(traceback_text: str) -> str:
+    """The exception's own lines at the end of a formatted traceback (after the last indented frame line)."""
+    lines = [line for line in traceback_text.rstrip().splitlines() if line.strip()]
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith(" ")), default=-1)
+    return "\n".join(lines[last_frame + 1:]) or (lines[-1] if lines else "")
+
+
+def classify(report: Report) -> Tuple[int, str, str]:
+    """``(level, kind, reason)`` of one failed worker. Level OWN: its own failure (an exception of its
+    own, a kill by any signal but SIGABRT, an exit code, a freeze); ABORTED: SIGABRT, which is what Gloo's
+    background thread ends a process with when a peer's connection breaks or a collective gives up, so
+    usually a peer's death; CONSEQUENCE: an exception that follows from a peer's exit or Horovod shutting
+    down (see CONSEQUENCES)."""
+    if report.frozen:
+        return OWN, "frozen", report.frozen
+    code = report.exitcode
+    if code is not None and code < 0:
+        name = _signal_name(-code)
+        reason = f"killed by {name}" + (" (also what the kernel's out-of-memory killer sends)" if name == "SIGKILL" else "")
+        return (ABORTED if name == "SIGABRT" else OWN), "died", reason
+    if report.traceback:
+        text = exception_text(report.traceback)
+        level = CONSEQUENCE if any(k in text.lower() for k in CONSEQUENCES) else OWN
+        return level, "raised", "raised " + _last_line(report.traceback)
+    return OWN, "died", f"exited with code {code}"
+
+
+def blame(reports: Sequence[Report], size: int) -> "WorkerFailure":
+    """The first cause wins: the failure with the lowest level (see :func:`classify`), then the earliest
+    ``at``, then the lowest rank, whatever order the reports came in. ``dead_ranks`` (those a restart goes
+    on without) are every rank that failed on its own; a single SIGABRT when nobody failed on their own;
+    none when only consequences (or several SIGABRTs) were seen."""
+    failed = [(classify(r), r) for r in reports if r.exitcode != 0 or r.frozen]
+    if not failed:
+        return WorkerFailure(f"the workers (of {size}) ended without a reported failure", "died", None,
+                             "no failure reported", [])
+    failed.sort(key=lambda item: (item[0][0], item[1].at, item[1].rank))
+    (level, kind, reason), first = failed[0]
+    same_level = [r.rank for (lv, _, _), r in failed if lv == level]
+    if level == OWN:
+        dead = same_level
+    elif level == ABORTED and len(same_level) == 1:
+        dead = same_level
+    else:
+        dead = []
+    rank = first.rank
+    msg = f"worker rank {rank} (of {size}) {reason}; the other workers were stopped"
+    if level != OWN:
+        msg += " (no worker failed on its own; this is the first of the failures that usually follow a peer's)"
+    also = [f"rank {r.rank} {why}" for (lv, _, why), r in failed[1:] if lv == level]
+    then = [f"rank {r.rank} {why}" for (lv, _, why), r in failed[1:] if lv != level]
+    if also:
+        msg += "\n-- also: " + "; ".join(also)
+    if then:
+        msg += "\n-- then, following from it (not blamed): " + "; ".join(then)
+    if kind == "raised" and first.traceback:
+        msg += f"\n-- rank {rank} traceback:\n{first.traceback}"
+    return WorkerFailure(msg, kind, rank, reason, sorted(dead), reports)
 
 
 class CollectiveBoard:
@@ -71,6 +165,7 @@ class CollectiveBoard:
         self._since = ctx.RawArray("d", size)  # 0 = not inside a collective
         self._last = ctx.RawArray("d", size)  # when the last collective ended
         self._names = ctx.RawArray("c", size * _NAME_BYTES)
+        self._failed = ctx.RawArray("d", size)  # when the rank's exception reached the launcher's wrapper
 
     def enter(self, rank: int, name: str) -> None:
         raw = name.encode()[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0")
@@ -80,6 +175,15 @@ class CollectiveBoard:
     def leave(self, rank: int) -> None:
         self._since[rank] = 0.0
         self._last[rank] = time.time()
+
+    def note_failure(self, rank: int) -> None:
+        """Called by the worker when an exception leaves its training function, before it shuts Horovod
+        down (which is what makes its peers fail): the cause's time, whatever order the exits come in."""
+        if not self._failed[rank]:
+            self._failed[rank] = time.time()
+
+    def failed_at(self, rank: int) -> float:
+        return self._failed[rank]
 
     def name(self, rank: int) -> str:
         return bytes(self._names[rank * _NAME_BYTES:(rank + 1) * _NAME_BYTES]).rstrip(b"\0").decode(errors="replace")
@@ -223,13 +327,11 @@ class HorovodLauncher(_MultiProcessingLauncher):
         deadline = getattr(self._strategy, "job_deadline", None) or (time.monotonic() + job_timeout)
         deadline = deadline if job_timeout > 0 else None
         exits: Dict[int, int] = {}
+        seen: Dict[int, float] = {}
         stall: Optional[str] = None
         timed_out = False
         while pending:
-            for sentinel in multiprocessing.connection.wait(list(pending), timeout=1.0):
-                i = pending.pop(sentinel)
-                procs[i].join()
-                exits[i] = procs[i].exitcode
+            self._collect(procs, pending, exits, seen, 1.0)
             if any(code != 0 for code in exits.values()):
                 break
             stall = self._board.stalled(self._stall_timeout_s) if self._board is not None else None
@@ -238,22 +340,32 @@ class HorovodLauncher(_MultiProcessingLauncher):
                 break
         if not pending and all(code == 0 for code in exits.values()):
             return
-        natural = dict(exits)  # exits before we stopped anyone
         if not (stall or timed_out):
-            natural.update(self._wait_for_exits(procs, pending, _GRACE_S))
+            # Reports arrive in any order (a peer's consequence often before the cause), so collect them
+            # for a grace period; a rank that noted its own exception but has not exited yet gets as long again.
+            self._collect_for(procs, pending, exits, seen, _GRACE_S)
+            if self._board is not None:
+                noted = [s for s, i in pending.items() if self._board.failed_at(i)]
+                self._collect_for(procs, pending, exits, seen, _GRACE_S, only=noted)
+        natural = dict(exits)  # exits before we stopped anyone
         self._stop(procs)
-        raise self._diagnose(context, natural, stall, timed_out, job_timeout)
+        raise self._diagnose(context, natural, seen, stall, timed_out, job_timeout)
 
     @staticmethod
-    def _wait_for_exits(procs, pending, seconds: float) -> Dict[int, int]:
-        exits = {}
+    def _collect(procs, pending, exits, seen, timeout: float, only: Optional[Sequence[Any]] = None) -> None:
+        """Wait up to ``timeout`` for exits of the pending workers (of those in ``only`` if given)."""
+        watch = [s for s in pending if only is None or s in only]
+        for sentinel in multiprocessing.connection.wait(watch, timeout=timeout):
+            i = pending.pop(sentinel)
+            procs[i].join()
+            exits[i] = procs[i].exitcode
+            seen[i] = time.time()
+
+    @classmethod
+    def _collect_for(cls, procs, pending, exits, seen, seconds: float, only: Optional[Sequence[Any]] = None) -> None:
         end = time.monotonic() + seconds
-        while pending and time.monotonic() < end:
-            for sentinel in multiprocessing.connection.wait(list(pending), timeout=max(0.0, end - time.monotonic())):
-                i = pending.pop(sentinel)
-                procs[i].join()
-                exits[i] = procs[i].exitcode
-        return exits
+        while any(only is None or s in only for s in pending) and time.monotonic() < end:
+            cls._collect(procs, pending, exits, seen, max(0.0, end - time.monotonic()), only)
 
     @staticmethod
     def _stop(procs) -> None:
@@ -266,8 +378,8 @@ class HorovodLauncher(_MultiProcessingLauncher):
             for p in alive:
                 p.join(max(0.0, end - time.monotonic()))
 
-    def _diagnose(self, context, exits: Dict[int, int], stall: Optional[str], timed_out: bool,
-                  job_timeout: float) -> WorkerFailure:
+    def _diagnose(self, context, exits: Dict[int, int], seen: Dict[int, float], stall: Optional[str],
+                  timed_out: bool, job_timeout: float) -> WorkerFailure:
         size = len(context.processes)
         if stall:
             msg = (f"a collective stalled for more than trainer.stall_timeout_s={self._stall_timeout_s:g} s; "
@@ -276,31 +388,10 @@ class HorovodLauncher(_MultiProcessingLauncher):
         if timed_out:
             msg = f"the job ran over trainer.job_timeout_s={job_timeout:g} s; all {size} workers were stopped"
             return WorkerFailure(msg, "timeout", None, "job timeout", [])
-        errors = {i: _read_traceback(context.error_files[i]) for i in exits}
-        signalled = [i for i, code in exits.items() if code is not None and code < 0]
-        raised = [i for i, tb in errors.items() if tb and not any(k in tb for k in _PEER_LOSS)]
-        coded = [i for i, code in exits.items() if code and code > 0 and not errors.get(i)]
-        if signalled:
-            rank = signalled[0]
-            name = _signal_name(-exits[rank])
-            reason = f"killed by {name}" + (" (also what the kernel's out-of-memory killer sends)" if name == "SIGKILL" else "")
-            kind, dead = "died", signalled
-        elif raised:
-            rank = raised[0]
-            reason = "raised " + _last_line(errors[rank])
-            kind, dead = "raised", raised
-        elif coded:
-            rank = coded[0]
-            reason = f"exited with code {exits[rank]}"
-            kind, dead = "died", coded
-        else:  # only consequences: report the first
-            rank = min((i for i, code in exits.items() if code), default=None)
-            reason = _last_line(errors.get(rank) or "") or f"exited with code {exits.get(rank)}"
-            kind, dead = "raised", []
-        msg = f"worker rank {rank} (of {size}) {reason}; the other workers were stopped"
-        if kind == "raised" and errors.get(rank):
-            msg += f"\n-- rank {rank} traceback:\n{errors[rank]}"
-        return WorkerFailure(msg, kind, rank, reason, sorted(dead))
+        reports = [Report(i, code, _read_traceback(context.error_files[i]),
+                          self._board.failed_at(i) if self._board is not None else 0.0, seen.get(i, 0.0))
+                   for i, code in exits.items()]
+        return blame(reports, size)
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
         global _board, _board_rank
@@ -309,6 +400,9 @@ class HorovodLauncher(_MultiProcessingLauncher):
         _board, _board_rank = self._board, process_idx
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
+        except BaseException:
+            self._board.note_failure(process_idx)
+            raise
         finally:
             self._strategy.comm.shutdown()
 

@@ -63,3 +63,21 @@ class SocketAddresses(Callback):
         strategy = trainer.strategy
         trainer.callback_metrics["sockets_total"] = strategy.reduce(torch.tensor(float(len(addrs))), reduce_op="sum")
         trainer.callback_metrics["sockets_not_loopback"] = strategy.reduce(torch.tensor(float(len(bad))), reduce_op="sum")
+
+
+class RaiseAfterPeersFail(_AtStep):
+    """Provokes the blame race: shuts Horovod down first (so the peers fail with "Horovod has been shut
+    down"), waits until every peer has exited, then raises its own error, which thus reaches the launcher
+    last (noted and seen after every consequence)."""
+
+    def act(self, trainer) -> None:
+        import time
+
+        import psutil
+
+        peers = [p for p in psutil.Process(os.getppid()).children()
+                 if p.pid != os.getpid() and "spawn_main" in " ".join(p.cmdline())]
+        trainer.strategy.comm.shutdown()
+        psutil.wait_procs(peers, timeout=20.0)
+        time.sleep(0.2)
+        raise ValueError(f"own error on purpose at step {self.step}, after the peers failed")

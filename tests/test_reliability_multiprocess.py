@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from lightning_straggler.launcher import WorkerFailure
+from lightning_straggler.launcher import OWN, WorkerFailure, classify
 from lightning_straggler.train import train
-from tests.reliability_helpers import KillRank, RaiseOnRank, StallRank
+from tests.reliability_helpers import KillRank, RaiseAfterPeersFail, RaiseOnRank, StallRank
 
 pytestmark = pytest.mark.multiprocess
 
@@ -53,6 +53,22 @@ def test_exception_in_user_code_names_the_rank_and_the_exception(tmp_path):
     assert failure.kind == "raised" and failure.rank == 1
     assert "ValueError: boom on purpose at step 4" in str(failure)
     print(f"ended {time.monotonic() - started:.1f} s after the start")
+
+
+@pytest.mark.timeout(300)
+def test_own_error_is_blamed_even_when_the_peers_consequences_arrive_first(tmp_path):
+    """The race seen on a fresh clone, provoked: rank 2 shuts Horovod down, waits until its peers have
+    failed from that and exited, and only then raises."""
+    with pytest.raises(WorkerFailure) as info:
+        train(small_job(tmp_path), callbacks=[RaiseAfterPeersFail(rank=2, step=4, world=4)])
+    failure = info.value
+    order = [(r.rank, r.exitcode, classify(r)[0]) for r in failure.reports]
+    mine = next(r for r in failure.reports if r.rank == 2)
+    peers = [r for r in failure.reports if r.rank != 2]
+    assert len(peers) == 3 and all(classify(r)[0] != OWN for r in peers), order  # consequences only
+    assert max(r.seen for r in peers) < mine.seen and max(r.noted for r in peers) < mine.noted, order  # and first
+    assert failure.kind == "raised" and failure.rank == 2 and failure.dead_ranks == [2], str(failure)
+    assert str(failure).startswith("worker rank 2 (of 4) raised ValueError: own error on purpose at step 4")
 
 
 def test_stalled_collective_ends_the_job_naming_the_ranks_and_the_tensors(tmp_path):
