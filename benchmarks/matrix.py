@@ -26,6 +26,16 @@ Raw output per run: ``<out>/runs/<algorithm>_<scenario>_N<world>_seed<s>/summary
 timeline.png where plotted); the 1-worker calibration runs under ``<out>/solo/``; then ``summary.json``,
 ``matrix.md`` and PNG plots in ``<out>`` (default ``benchmarks/results/matrix/<stamp>/``).
 
+What ships (is committed): the raw runs/ and solo/ are git-ignored, but every aggregation also writes
+``<out>/runs.jsonl``, one line per run directory: {"path": "runs/<name>/summary.json" (or solo/...),
+"summary": the summary trimmed to what the aggregation reads (``trim_summary``: no events, emulation
+notes or restarts; a few KB), or null for a run that left none}, next to ``commands.jsonl`` (every command
+line). ``--aggregate-only DIR`` reads the raw directories where they exist and runs.jsonl otherwise
+(``--shipped`` forces runs.jsonl); given nothing but the directory it re-plans with the options the
+measuring invocation recorded (summary.json ``settings.argv``), so on a checkout
+``python -m benchmarks.matrix --aggregate-only DIR`` reproduces summary.json and matrix.md. Result
+directories under benchmarks/results/matrix/ are not ignored except ``*-quick*`` ones (.gitignore).
+
 Figures (every one relative to something measured in the same invocation):
   throughput   = summary ``throughput_samples_per_s`` = train_samples / wall_s (validation included;
                  samples of discarded local steps are not counted);
@@ -80,6 +90,7 @@ size, and per seed where the scenario's overrides depend on it), into the same l
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
@@ -398,18 +409,25 @@ def allreduce_cost(summary: dict[str, Any]) -> float | None:
 
 # --- aggregation (shared by the direct and the sweep paths) --------------------------------------
 def load_runs(runs_dir: str, planned: Sequence[dict[str, Any]] | None = None,
-              errors: dict[str, str] | None = None) -> list[dict[str, Any]]:
+              errors: dict[str, str] | None = None, shipped: dict[str, dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
     """One record per run directory (``<algorithm>_<scenario>_N<world>_seed<s>``) and per planned run
-    without a summary (``error``)."""
+    without a summary (``error``); ``shipped``: read_trimmed's records instead of the directories."""
     errors = errors or {}
     found: dict[str, dict[str, Any]] = {}
-    for d in sorted(glob.glob(os.path.join(runs_dir, "*"))):
+    if shipped is not None:
+        dirs = sorted({os.path.dirname(p) for p in _summaries(os.path.join(runs_dir, "*", "summary.json"), shipped)})
+    else:
+        dirs = [d for d in sorted(glob.glob(os.path.join(runs_dir, "*"))) if os.path.isdir(d)]
+    for d in dirs:
         key = parse_run_name(os.path.basename(d))
-        if key is None or not os.path.isdir(d):
+        if key is None:
             continue
         path = os.path.join(d, "summary.json")
         rec = dict(key, run_dir=d)
-        if os.path.exists(path):
+        if shipped is not None and shipped.get(path) is not None:
+            rec["summary"] = shipped[path]
+        elif shipped is None and os.path.exists(path):
             with open(path) as f:
                 rec["summary"] = json.load(f)
         else:
@@ -424,12 +442,84 @@ def load_runs(runs_dir: str, planned: Sequence[dict[str, Any]] | None = None,
     return list(found.values())
 
 
-def load_solo(solo_dir: str) -> dict[str, Any]:
-    """{factor: solo record} from the 1-worker calibration runs (factor read from each run's config)."""
-    out: dict[str, Any] = {}
-    for path in sorted(glob.glob(os.path.join(solo_dir, "*", "summary.json"))):
+# --- raw data that ships: every run's summary trimmed to what the aggregation reads ----------------
+RUNS_JSONL = "runs.jsonl"
+TRIM_KEYS = ("algorithm", "world_size", "wall_s", "launch_s", "train_samples", "throughput_samples_per_s", "val_acc",
+             "target_acc", "time_to_target_s", "val_history", "per_rank", "timeline_png", "config")
+TRIM_RANK_KEYS = ("steps", "samples", "compute_s", "comm_s", "wait_s")
+
+
+def trim_summary(s: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary.json without what aggregate / load_solo / factors_from_summary never read (events,
+    emulated, restarts, anything else a strategy adds): a few KB per run."""
+    out = {k: s[k] for k in TRIM_KEYS if k in s}
+    out["per_rank"] = {r: {k: v[k] for k in TRIM_RANK_KEYS if k in v} for r, v in s.get("per_rank", {}).items()}
+    out["val_history"] = [{k: v[k] for k in ("elapsed_s", "step", "val_acc") if k in v} for v in s.get("val_history", [])]
+    return out
+
+
+def write_trimmed(out: str) -> str:
+    """``<out>/runs.jsonl``: one line per run directory (``runs/<name>/``, and ``solo/<x>/`` with a summary),
+    {"path": its summary.json relative to <out>, "summary": trimmed, or null where the run left none}.
+    Raw runs/ and solo/ stay unshipped (git-ignored); this file and summary.json reproduce the aggregate."""
+    lines = []
+    for d in sorted(glob.glob(os.path.join(out, "runs", "*"))):
+        if os.path.isdir(d) and parse_run_name(os.path.basename(d)) is not None:
+            path = os.path.join(d, "summary.json")
+            s = None
+            if os.path.exists(path):
+                with open(path) as f:
+                    s = trim_summary(json.load(f))
+            lines.append({"path": os.path.relpath(path, out), "summary": s})
+    for path in sorted(glob.glob(os.path.join(out, "solo", "*", "summary.json"))):
         with open(path) as f:
-            s = json.load(f)
+            lines.append({"path": os.path.relpath(path, out), "summary": trim_summary(json.load(f))})
+    dst = os.path.join(out, RUNS_JSONL)
+    with open(dst, "w") as f:
+        for rec in lines:
+            f.write(json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n")
+    return dst
+
+
+def read_trimmed(out: str) -> dict[str, dict[str, Any]]:
+    """{absolute summary.json path: trimmed summary} from ``<out>/runs.jsonl`` (empty if there is none)."""
+    found = {}
+    path = os.path.join(out, RUNS_JSONL)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    found[os.path.join(out, rec["path"])] = rec["summary"]
+    return found
+
+
+def has_raw_runs(out: str) -> bool:
+    return bool(glob.glob(os.path.join(out, "runs", "*", "summary.json")))
+
+
+def _summaries(pattern: str, shipped: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any] | None]:
+    """{summary.json path: summary or None (read from disk later)} from the raw files, or from runs.jsonl."""
+    if shipped is not None:
+        return {p: s for p, s in sorted(shipped.items()) if fnmatch.fnmatch(p, pattern)}
+    return {p: None for p in sorted(glob.glob(pattern))}
+
+
+def _read(path: str, s: dict[str, Any] | None) -> dict[str, Any]:
+    if s is not None:
+        return s
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_solo(solo_dir: str, shipped: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """{factor: solo record} from the 1-worker calibration runs (factor read from each run's config);
+    ``shipped``: read_trimmed's records instead of the files."""
+    out: dict[str, Any] = {}
+    for path, s in _summaries(os.path.join(solo_dir, "*", "summary.json"), shipped).items():
+        if shipped is not None and s is None:
+            continue
+        s = _read(path, s)
         st = s["config"]["straggler"]
         f = float(st["factors"][0]) if st.get("scenario") == "static" and st.get("factors") else 1.0
         r0 = s["per_rank"]["0"]
@@ -770,7 +860,7 @@ def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str
                      "seeds": a.seeds_list, "steps_by_world": {str(n): plan.steps(n) for n in a.world_sizes},
                      "epochs": a.epochs, "device_ms": a.device_ms, "batch": plan.batch, "num_samples": plan.num_samples,
                      "target_acc": a.target_acc, "threads_per_worker": a.threads,
-                     "order_seed": a.order_seed, "noise": a.noise,
+                     "order_seed": a.order_seed, "noise": a.noise, "argv": getattr(a, "argv", None),
                      "val_check_interval_steps": {str(n): plan.val_every(n, plan.steps(n)) for n in a.world_sizes}, "solo_steps": plan.solo_steps,
                      "solo_val_check_interval_steps": plan.solo_val, "timeline_scenario": a.timeline_scenario,
                      "emulated": f"device time EMULATED: every batch sleeps factor x {a.device_ms} ms per sample after "
@@ -782,6 +872,9 @@ def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str
     }
     for k, v in getattr(a, "previous", {}).items():  # --aggregate-only keeps what the runs measured
         report[k] = v
+    if has_raw_runs(out) or glob.glob(os.path.join(out, "solo", "*", "summary.json")):
+        write_trimmed(out)  # the raw data that ships (a re-aggregation of shipped runs keeps the file as it is)
+    report["runs_jsonl"] = RUNS_JSONL if os.path.exists(os.path.join(out, RUNS_JSONL)) else None
     report["plots"] = []
     try:
         report["plots"] = plots(report, out)
@@ -999,6 +1092,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="with --sweep: a Hydra launcher of conf/hydra/launcher/ (e.g. submitit_slurm)")
     ap.add_argument("--aggregate-only", metavar="DIR", default=None,
                     help="re-aggregate an existing output directory (its runs/ and solo/) without running anything")
+    ap.add_argument("--shipped", action="store_true",
+                    help=f"with --aggregate-only: read the trimmed runs of DIR/{RUNS_JSONL} even where the raw runs/ "
+                         "exist (what a checkout of the repository has)")
     ap.add_argument("--resume", metavar="DIR", default=None,
                     help="continue an interrupted invocation in DIR with the same options: runs that finished "
                          "(summary.json present) are reused, the rest run")
@@ -1067,13 +1163,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             bad("--resume", "cannot be combined with --aggregate-only, --sweep or --output-dir (it names the directory)")
         if not os.path.isdir(a.resume):
             bad("--resume", f"{a.resume} is not a directory")
-    if a.aggregate_only and not os.path.isdir(os.path.join(a.aggregate_only, "runs")):
-        bad("--aggregate-only", f"{a.aggregate_only} has no runs/ directory")
+    if a.aggregate_only and not (os.path.isdir(os.path.join(a.aggregate_only, "runs"))
+                                 or os.path.exists(os.path.join(a.aggregate_only, RUNS_JSONL))):
+        bad("--aggregate-only", f"{a.aggregate_only} has neither a runs/ directory nor {RUNS_JSONL}")
+    if a.shipped and not a.aggregate_only:
+        bad("--shipped", "only with --aggregate-only")
+    if a.shipped and not os.path.exists(os.path.join(a.aggregate_only, RUNS_JSONL)):
+        bad("--shipped", f"{a.aggregate_only} has no {RUNS_JSONL}")
     return a
 
 
+def _without(argv: Sequence[str], options: Sequence[str], flags: Sequence[str] = ()) -> list[str]:
+    """argv less the given options (with their value, ``--x v`` or ``--x=v``) and flags."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in options:
+            skip = True
+        elif not (x in flags or any(x.startswith(o + "=") for o in options)):
+            out.append(x)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    a = parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(raw)
+    if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped"]):
+        # only the directory given: re-plan with the options of the invocation that measured it
+        prev = os.path.join(a.aggregate_only, "summary.json")
+        before = {}
+        if os.path.exists(prev):
+            with open(prev) as f:
+                before = json.load(f).get("settings", {})
+        if before.get("argv") is not None:
+            raw = _without(before["argv"], ["--output-dir", "--resume", "--aggregate-only"], ["--dry-run"]) + raw
+            print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
+            a = parse_args(raw)
+    # recorded: the options that define the grid (a re-aggregation records those, not its own directory)
+    a.argv = _without(raw, ["--aggregate-only"], ["--shipped"]) if a.aggregate_only else raw
     started, load_start = time.time(), _load()
     plan = Plan(a)
     try:
@@ -1096,8 +1224,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return {}
     os.makedirs(out, exist_ok=True)
     if a.aggregate_only:
-        runs = load_runs(os.path.join(out, "runs"), plan.cells)
-        solo, commands, mode = load_solo(os.path.join(out, "solo")), [], "aggregate-only"
+        # the raw run directories where they exist, else (a checkout) the trimmed runs that ship
+        shipped = read_trimmed(out) if a.shipped or not has_raw_runs(out) else None
+        print(f"[matrix] aggregating {'<out>/' + RUNS_JSONL if shipped is not None else 'the raw runs/ and solo/'}",
+              flush=True)
+        runs = load_runs(os.path.join(out, "runs"), plan.cells, shipped=shipped)
+        solo, commands, mode = load_solo(os.path.join(out, "solo"), shipped), [], "aggregate-only"
         prev = os.path.join(out, "summary.json")
         if os.path.exists(prev):
             with open(prev) as f:

@@ -298,6 +298,92 @@ def test_noise_plan_runs_ring_twice_per_block_in_a_drawn_order():
         m.parse_args(["--noise", "--sweep"])
 
 
+# --- raw data that ships ---------------------------------------------------------------------------
+def _full(summary, extra_events=300):
+    """A summary as a run writes it: what the aggregation reads plus what it does not (events, emulation)."""
+    s = json.loads(json.dumps(summary))
+    s["events"] = [{"step": i, "kind": "membership", "members": list(range(8)), "note": "x" * 40}
+                   for i in range(extra_events)]
+    s["emulated"] = {"device_time": "sleep", "slowdown": "factor x compute"}
+    s["restarts"] = 0
+    for r in s["per_rank"].values():
+        r["compute_s"] |= {"p50": 0.1, "p95": 0.2, "mean": 0.1}
+        r["comm_s"] |= {"p50": 0.02, "p95": 0.03}
+        r["wait_s"] |= {"mean": 0.0, "p50": 0.0, "p95": 0.0}
+    for v in s["val_history"]:
+        v["val_loss"] = 1.0
+    s["config"] |= {"straggler": {"scenario": "none"}, "algorithm": {"name": s["algorithm"]}, "seed": 0}
+    return s
+
+
+def _write_grid(out):
+    runs = _paired_runs([1.3, 1.2, 1.25], [1.02, 0.97, 1.05])
+    for r in runs:
+        d = out / "runs" / m._name(r)
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps(_full(r["summary"]), indent=2))
+        (d / "train.log").write_text("a log that does not ship\n" * 100)
+    (out / "runs" / "dpar_none_N4_seed3").mkdir()  # a run that failed: a directory without summary
+    solo = _full(_summary("ring", 1, 450.0, 5.0, 0.5), extra_events=0)
+    solo["config"]["straggler"] = {"scenario": "static", "factors": [1.0]}
+    (out / "solo" / "f1").mkdir(parents=True)
+    (out / "solo" / "f1" / "summary.json").write_text(json.dumps(solo))
+
+
+def test_trimmed_runs_reproduce_the_aggregate_of_the_raw_ones(tmp_path):
+    out = tmp_path / "grid"
+    _write_grid(out)
+    factors = {}  # rebuilt per run from the summaries' own configs (none here: no ideal), the same both ways
+    raw_runs, raw_solo = m.load_runs(str(out / "runs")), m.load_solo(str(out / "solo"))
+    assert len(raw_runs) == 10 and raw_solo["1"]["rate"] == pytest.approx(32 / 0.12)
+    raw = m.aggregate(raw_runs, raw_solo, factors)
+
+    m.write_trimmed(str(out))
+    lines = (out / m.RUNS_JSONL).read_text().splitlines()
+    assert len(lines) == 11  # 9 runs, the failed one (summary null), 1 solo
+    big = max(len(json.dumps(json.loads((p / "summary.json").read_text()))) for p in (out / "runs").iterdir()
+              if (p / "summary.json").exists())
+    assert big > 20_000 and max(len(x) for x in lines) < 4_000  # a few KB a run, the events gone
+    assert json.loads(lines[0])["path"].startswith("runs/")
+
+    # a checkout has runs.jsonl only: the raw directories are not needed
+    shipped_dir = tmp_path / "checkout"
+    shipped_dir.mkdir()
+    (shipped_dir / m.RUNS_JSONL).write_text((out / m.RUNS_JSONL).read_text())
+    shipped = m.read_trimmed(str(out))
+    again = m.aggregate(m.load_runs(str(out / "runs"), shipped=shipped), m.load_solo(str(out / "solo"), shipped), factors)
+    assert again == raw
+    assert any(r.get("error") for r in again["runs"])  # the failed run is there, as in the raw aggregate
+    assert next(c for c in again["cells"] if c["algorithm"] == "dpar")["intervals"]["throughput_ratio_to_ring"]["label"] == "win"
+    assert again["noise"][0]["intervals"]["throughput_ratio_to_ring"]["median"] == pytest.approx(1.02)
+    co = m.read_trimmed(str(shipped_dir))
+    moved = m.aggregate(m.load_runs(str(shipped_dir / "runs"), shipped=co), m.load_solo(str(shipped_dir / "solo"), co), {})
+    assert moved["cells"] == raw["cells"] and moved["noise"] == raw["noise"] and moved["calibration"]["1"]["rate"] == \
+        raw["calibration"]["1"]["rate"]
+
+
+def test_result_directories_meant_to_ship_are_not_ignored():
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def ignored(path):
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root).returncode == 0
+
+    for p in ("benchmarks/results/matrix/20261129-full/summary.json", "benchmarks/results/matrix/20991231-full/runs.jsonl",
+              "benchmarks/results/matrix/20991231-full/matrix.md", "benchmarks/results/matrix/20991231-full/commands.jsonl",
+              "benchmarks/results/matrix/20991231-120000/matrix.md", "benchmarks/results/scale/projection.md",
+              "benchmarks/results/soak/soak.md"):
+        assert not ignored(p), p
+    for p in ("benchmarks/results/matrix/20991231-full/runs/ring_none_N4_seed0/summary.json",
+              "benchmarks/results/matrix/20991231-full/solo/f1/summary.json",
+              "benchmarks/results/matrix/20991231-120000-quick/summary.json",
+              "benchmarks/results/matrix/20991231-120000-quick-sweep/runs.jsonl",
+              "benchmarks/results/matrix/20991231-120000/timelines/ring_none_N4_seed0.png",
+              "benchmarks/results/dpar/x.json"):
+        assert ignored(p), p
+
+
 # --- options ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, words", [
     (["--algorithms", "sgd"], ["--algorithms", "invalid choice", "ring", "boa"]),
@@ -348,7 +434,7 @@ def test_quick_plan_and_sweep_commands(capsys):
 
 # --- the real thing, tiny ----------------------------------------------------------------------
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(900)  # 4 short runs; on 2 cores shared with other jobs (load 14) one start takes 60 s
 def test_tiny_grid_end_to_end(tmp_path):
     out = tmp_path / "matrix"
     report = m.main(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1",
@@ -393,6 +479,15 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert json.loads((out / "runs" / "ring_none_N2_seed0" / "summary.json").read_text()) == ring_before
     assert {c["algorithm"]: c["ok"] for c in again["cells"]} == {"ring": 1, "dpar": 1}
     assert again["mode"] == "direct (resumed)"
+
+    # the raw data that ships: runs.jsonl alone (--shipped ignores runs/ and solo/) reproduces the aggregate,
+    # re-planned from the options the measuring invocation recorded
+    assert {json.loads(x)["path"] for x in (out / "runs.jsonl").read_text().splitlines()} == {
+        "runs/ring_none_N2_seed0/summary.json", "runs/dpar_none_N2_seed0/summary.json", "solo/f1/summary.json"}
+    shipped = m.main(["--aggregate-only", str(out), "--shipped"])
+    assert shipped["settings"] | {"argv": None} == again["settings"] | {"argv": None}
+    for k in ("cells", "runs", "noise", "noise_runs", "comm_cost", "calibration", "commands", "total_runtime_s"):
+        assert json.loads(json.dumps(shipped[k], default=str)) == json.loads(json.dumps(again[k], default=str)), k
 
 
 def test_resume_needs_a_directory_alone(tmp_path, capsys):
