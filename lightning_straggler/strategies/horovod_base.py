@@ -110,6 +110,10 @@ class HorovodStrategy(ParallelStrategy):
     strategy_name = "horovod"
     # Whether the algorithm creates process sets for subgroups while running.
     uses_subgroups = True
+    # Whether every rank runs every training step in step with the others, so that a collective
+    # from training code (a torchmetrics compute at a train epoch end) meets every rank. ``None``:
+    # inferred; algorithms whose ranks drift apart override ``profile_gather_due`` (see there).
+    lockstep_training: Optional[bool] = None
 
     def __init__(
         self,
@@ -137,6 +141,7 @@ class HorovodStrategy(ParallelStrategy):
         # Filled on rank 0 by the strategy and the callbacks; handed back to the launching process.
         self.run_report: Dict[str, Any] = {}
         self.steps_done = 0  # optimizer steps this rank has taken
+        self._metrics_walk_due = False  # walk the module's torchmetrics again after the next step
 
     # --- topology ---------------------------------------------------------------------------------
     @property
@@ -222,6 +227,7 @@ class HorovodStrategy(ParallelStrategy):
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             self.broadcast_training_state(root=0)
+        self.attach_metric_sync()
 
     def broadcast_training_state(self, root: int = 0, group: Optional[Sequence[int]] = None) -> None:
         """Parameters, buffers and optimizer state from ``root`` to every rank of ``group``."""
@@ -261,7 +267,9 @@ class HorovodStrategy(ParallelStrategy):
             # Lightning refuses None from training_step in distributed runs; a constant loss has no
             # path to the parameters, so their gradients stay None and the optimizer leaves them alone.
             return torch.zeros((), device=self.root_device, requires_grad=True)
-        return super().training_step(*args, **kwargs)
+        output = super().training_step(*args, **kwargs)
+        self._walk_metrics_if_due()
+        return output
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
@@ -484,7 +492,61 @@ class HorovodStrategy(ParallelStrategy):
             self.load_strategy_state(state)
             rank_zero_info(f"[{self.strategy_name}] resumed the algorithm's state at step {self.steps_done}")
         self._resume = None
+        self.attach_metric_sync()
         super().on_train_start()
+
+    # --- torchmetrics ----------------------------------------------------------------------------
+    def trains_in_lockstep(self) -> bool:
+        if self.lockstep_training is not None:
+            return self.lockstep_training
+        return type(self).profile_gather_due is HorovodStrategy.profile_gather_due
+
+    def metric_sync_allowed(self) -> bool:
+        """Whether torchmetrics metrics synchronise now (asked by every metric's compute; the same
+        answer on every rank): always at validation, test and sanity check; while training only when
+        the ranks train in lock-step (not ``dpar`` / ``awar``: there a metric computed in training
+        code is this rank's own)."""
+        if not self.comm.initialized or self.comm.size < 2:
+            return False
+        module = self.lightning_module
+        trainer = getattr(module, "_trainer", None)
+        return not (trainer is not None and trainer.training and not self.trains_in_lockstep())
+
+    def attach_metric_sync(self) -> int:
+        """Make every torchmetrics ``Metric`` in the LightningModule synchronise over this strategy's
+        collectives (``lightning_straggler.metrics``). Runs at set-up, at every training, validation and
+        test start and after the first step of each, for metrics created late."""
+        from lightning_straggler.metrics import attach_horovod_sync
+
+        self._metrics_walk_due = True
+        return attach_horovod_sync(self.lightning_module, self) if self.lightning_module is not None else 0
+
+    def _walk_metrics_if_due(self) -> None:
+        if self._metrics_walk_due:
+            self.attach_metric_sync()
+            self._metrics_walk_due = False
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().validation_step(*args, **kwargs)
+        self._walk_metrics_if_due()
+        return output
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().test_step(*args, **kwargs)
+        self._walk_metrics_if_due()
+        return output
+
+    @override
+    def on_validation_start(self) -> None:
+        self.attach_metric_sync()
+        super().on_validation_start()
+
+    @override
+    def on_test_start(self) -> None:
+        self.attach_metric_sync()
+        super().on_test_start()
 
     # --- Lightning's collectives ------------------------------------------------------------------
     @override
