@@ -564,7 +564,11 @@ class HorovodStrategy(ParallelStrategy):
             return tensor.unsqueeze(0)
         ranks = _group_ranks(group)
         n = len(ranks) if ranks is not None else self.world_size
-        gathered = self.comm.allgather(tensor.unsqueeze(0), group=ranks, tag="all_gather")
+        # under torch.inference_mode (validation, test, predict) Horovod's thread cannot resize an
+        # inference tensor: gather a normal one
+        with torch.inference_mode(False):
+            source = tensor.unsqueeze(0).clone() if tensor.is_inference() else tensor.unsqueeze(0)
+            gathered = self.comm.allgather(source, group=ranks, tag="all_gather")
         return gathered.view(n, *tensor.shape)
 
     @override
