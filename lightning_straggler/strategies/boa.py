@@ -12,7 +12,7 @@ Data: the strategy's ``process_dataloader`` hook replaces the training loader's 
 sampler over one shared seeded permutation per epoch (``policies/boa_schedule.py``): every sample
 once per epoch whatever the allocation. Gradients: each rank's mean gradient is scaled by b_i / B and
 summed over ranks, which is the gradient of the global batch's mean loss; the learning rate is unchanged.
-``accumulate_grad_batches`` must be 1 (a step is one batch).
+``accumulate_grad_batches`` must be 1 (a step is one batch): anything else fails at set-up.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import statistics
 from typing import Iterator, List, Optional, Sequence
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Sampler
 from typing_extensions import override
@@ -85,6 +86,15 @@ class BoaStrategy(HorovodStrategy):
         self.sampler: Optional[GlobalBatchSampler] = None
         self._points: List[List[tuple]] = []  # per window: (rank, batch size, compute seconds)
         self._window_start = 0  # index of the first recorder record not yet used for a decision
+
+    @override
+    def setup(self, trainer) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and trainer.accumulate_grad_batches != 1:
+            # before any collective, on every rank alike
+            raise ValueError(f"boa does not support accumulate_grad_batches={trainer.accumulate_grad_batches}: "
+                             "a step is one batch per worker, sized by boa (raise the global batch instead: "
+                             "BoaStrategy(global_batch=...))")
+        super().setup(trainer)
 
     # --- data ---------------------------------------------------------------------------------
     def _initial_allocation(self, local_batch: int) -> List[int]:
