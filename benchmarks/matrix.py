@@ -1216,8 +1216,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"(factors {[s['factor'] for s in plan.solo]}); steps per run {[plan.steps(n) for n in a.world_sizes]}; "
           f"device time EMULATED {a.device_ms} ms/sample x factor; load avg {load_start}; output {out}", flush=True)
     if a.dry_run:
-        for c in plan.cells:
-            print("  python -m lightning_straggler.train " + shlex.join(c["overrides"]))
+        for c in plan.cells:  # in run order: each block shuffled
+            print(f"  [{_name(c)}] python -m lightning_straggler.train " + shlex.join(c["overrides"]))
         if a.sweep:
             for inv in sweep_invocations(plan, out, a.launcher):
                 print("  python -m lightning_straggler.train -m " + shlex.join(inv["overrides"]))
