@@ -1,14 +1,10 @@
 """The scale simulator against MEASURED runs: predicted vs measured throughput for every cell.
 
     .venv/bin/python -m benchmarks.sim_validate [--roots DIR ...] [--out benchmarks/results/scale]
-        [--grid MATRIX_DIR] [--process-set-create estimate|measured]
+        [--grid MATRIX_DIR]
 
 ``--grid`` validates one ``benchmarks.matrix`` output directory: a row per (algorithm, N, scenario) with
 the median of its seeds' run errors, written to ``<MATRIX_DIR>/sim_validate.{json,md}``.
-``--process-set-create``: what creating a dynamic process set (8+ ranks) costs in the simulation: one
-control all-gather (``estimate``, the default) or ``benchmarks.process_set_cost``'s standalone figure
-(``measured``); the grid report also gives the score under the other choice.
-
 Reads every run's ``summary.json`` under the roots (default: ``benchmarks/results/matrix/*/runs`` and
 the older ``benchmarks/results/{dpar,boa,dssync,ring_runs}``; a matrix's own aggregate summary.json is
 skipped: it has no ``per_rank``), and writes ``sim_validate.json`` and ``sim_validate.md``.
@@ -40,7 +36,7 @@ Own runs whose events show a rank excluded anyway (CPU contention: e.g. dpar's N
 and one N=4 run) are not used for calibration.
 
 * ``control_op_s`` = the fixed cost of one control collective (boundary statistics all-gather,
-  signal, state broadcast, AWAR merge, DS-Sync global average, BOA exchange, process-set creation):
+  join, state broadcast, AWAR merge, DS-Sync global average, BOA exchange):
   the run's comm time beyond its median step's (mean over ranks of comm_s.total - steps x
   comm_s.p50: what the rare steps that end in a boundary / global average spent extra), divided by
   the number of control calls the simulator puts on that run's critical path (found by simulating it
@@ -48,7 +44,7 @@ and one N=4 run) are not used for calibration.
 * ``loop_overhead_s`` = the cell's ring loop overhead + the algorithm's extra per-step time, i.e.
   (own run's wall_s / steps minus its simulated step without loop overhead) minus the loop overhead
   of the ring no-straggler run of the own run's invocation: the algorithm's own per-step work (hooks,
-  the partial-group bookkeeping, Horovod's dynamic process sets at 8 ranks, DS-Sync's per-step
+  the partial-group bookkeeping, DS-Sync's per-step
   process-set switches), without the machine load of the invocation it was measured in.
 
 Then every straggler cell is predicted from its own config (straggler schedule, emulated device time,
@@ -150,16 +146,7 @@ def calibration_constants(s: dict[str, Any]) -> dict[str, float]:
 
 
 def network_for(consts: dict[str, float]) -> Network:
-    return Network("calibrated", consts["alpha_s"], 0.0, consts.get("control_op_s", 0.0),
-                   consts.get("process_set_create_s"))
-
-
-def measured_create_s(path: str = os.path.join(OUT, "process_set_cost.json")) -> dict[int, float]:
-    """``hvd.add_process_set`` seconds by world size, from ``benchmarks.process_set_cost`` (if run)."""
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return {int(r["world_size"]): float(r["create_s"]) for r in json.load(f)["rows"]}
+    return Network("calibrated", consts["alpha_s"], 0.0, consts.get("control_op_s", 0.0))
 
 
 def model_size(s: dict[str, Any]) -> tuple[float, int, float]:
@@ -271,10 +258,9 @@ def predict(s: dict[str, Any], consts: dict[str, float]) -> float:
     return simulate_run(s, consts).throughput_samples_per_s
 
 
-def validate(runs: list[dict[str, Any]], create_s: dict[int, float] | None = None) -> list[dict[str, Any]]:
-    """Every run predicted; ``create_s``: measured process-set creation seconds by world size."""
+def validate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every run predicted."""
     ring_none = [r for r in runs if r["algorithm"] == "ring" and is_none_run(r)]
-    create_s = create_s or {}
     cells = []
     for s in runs:
         measured = float(s["throughput_samples_per_s"])
@@ -292,8 +278,6 @@ def validate(runs: list[dict[str, Any]], create_s: dict[int, float] | None = Non
         else:
             cell["status"] = "predicted"
         consts = merged_constants(pool)
-        if int(s["world_size"]) in create_s:  # a platform constant, measured alone (not on this run)
-            consts["process_set_create_s"] = create_s[int(s["world_size"])]
         predicted = predict(s, consts)
         cell |= {"calibrated_from": [p["path"] for p in pool], "calibration": consts,
                  "predicted_samples_per_s": predicted, "ring_only_error": predicted / measured - 1.0,
@@ -430,9 +414,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grid", metavar="DIR", default=None,
                         help="validate one benchmark matrix output directory only (its runs/), writing "
                              "sim_validate.{json,md} there with a table per cell (median over seeds)")
-    parser.add_argument("--process-set-create", choices=("estimate", "measured"), default="estimate",
-                        help="cost of creating a dynamic process set (8+ ranks): one control all-gather (estimate, "
-                             "default) or the standalone figure of benchmarks.process_set_cost (measured)")
     parser.add_argument("--out", default=OUT)
     args = parser.parse_args(argv)
     if args.grid:
@@ -440,26 +421,14 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--grid: {args.grid} has no runs/ directory")
         args.roots, args.out = [os.path.join(args.grid, "runs")], args.grid
     runs = load_runs(args.roots)
-    measured = measured_create_s()
-    cells = validate(runs, measured if args.process_set_create == "measured" else {})
+    cells = validate(runs)
     mark_superseded(cells)
     os.makedirs(args.out, exist_ok=True)
-    report: dict[str, Any] = {"what": __doc__, "target_abs_error": TARGET, "process_set_create": args.process_set_create,
-                              "process_set_create_s_measured": measured, "cells": cells}
+    report: dict[str, Any] = {"what": __doc__, "target_abs_error": TARGET, "cells": cells}
     text = markdown(cells)
     if args.grid:
         report["grid_cells"] = grid_cells(cells)
         text = grid_markdown(report["grid_cells"], os.path.relpath(args.grid, ROOT))
-        other = "measured" if args.process_set_create == "estimate" else "estimate"
-        if measured:  # the same grid under the other creation cost, so the choice is visible
-            alt = validate(runs, measured if other == "measured" else {})
-            mark_superseded(alt)
-            report["grid_cells_" + other] = rows = grid_cells(alt)
-            scored = [r for r in rows if r["status"] == "predicted"]
-            text += (f"\nWith `--process-set-create {other}` instead (hvd.add_process_set at run time costs "
-                     f"{', '.join(f'N={n}: {1e3 * c:.0f} ms' for n, c in sorted(measured.items()))} measured alone by "
-                     f"`benchmarks.process_set_cost`, against one control all-gather in the estimate): "
-                     f"{sum(abs(r['error']) <= TARGET for r in scored)} of {len(scored)} cells within ±{TARGET:.0%}.\n")
         text += "\n" + markdown(cells)
     with open(os.path.join(args.out, "sim_validate.json"), "w") as f:
         json.dump(report, f, indent=1)

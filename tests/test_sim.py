@@ -223,25 +223,19 @@ def test_dpar_pays_the_state_broadcast_at_every_boundary_while_someone_is_exclud
     assert _costs("dpar", w, window_steps=20) == pytest.approx(calls * c, rel=1e-9)
 
 
-def test_dynamic_process_sets_cost_one_control_call_per_new_set():
-    from lightning_straggler.sim.dpar import DparPolicy
-    from lightning_straggler.sim.partial_group import uses_static_sets
-
-    assert uses_static_sets(workload(4), DparPolicy(4)) and not uses_static_sets(workload(8), DparPolicy(8))
-    straggler = {"scenario": "static", "factors": [1] * 7 + [10]}
-    dynamic = workload(8, steps=120, straggler=straggler)
-    static = workload(8, steps=120, straggler=straggler, static_process_sets=True)
-    extra = simulate("dpar", dynamic, CONTROLLED).wall_s - simulate("dpar", static, CONTROLLED).wall_s
-    assert extra == pytest.approx(CONTROLLED.allgather_s(8, 8.0 * 7) + CONTROLLED.control_op_s, rel=1e-9)  # one set
-    # a measured creation cost (benchmarks.process_set_cost) replaces that control call, once per new set
-    measured = Network("m", CONTROLLED.alpha_s, CONTROLLED.beta_s_per_byte, CONTROLLED.control_op_s, process_set_create_s=1.5)
-    extra = simulate("dpar", dynamic, measured).wall_s - simulate("dpar", static, measured).wall_s
-    assert extra == pytest.approx(1.5, rel=1e-9)
-    assert simulate("dpar", workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}),
-                    measured).wall_s == pytest.approx(simulate("dpar", workload(4, steps=120, straggler={
-                        "scenario": "static", "factors": [1, 1, 1, 10]}), CONTROLLED).wall_s, rel=1e-12)  # 4: static sets
-    with pytest.raises(ValueError, match="process_set_create_s"):
-        Network("bad", 0.0, 0.0, 0.0, process_set_create_s=-1.0)
+@pytest.mark.parametrize("algorithm", ["dpar", "awar"])
+@pytest.mark.parametrize("n", [4, 8, 64, 1024])
+def test_a_group_step_costs_a_ring_step_at_any_world_size(algorithm, n):
+    # rank n-1 permanently 10x slow: out of the group from the first boundary on. Between boundaries the
+    # group's step is the no-straggler ring step (the outside rank has joined and adds zeros to the
+    # world's all-reduce); a membership change creates nothing, whatever the number of possible groups.
+    window = {"dpar": "window_steps", "awar": "period_steps"}[algorithm]
+    straggler = {"scenario": "static", "factors": [1.0] * (n - 1) + [10.0]}
+    res = simulate(algorithm, workload(n, steps=60, straggler=straggler), CONTROLLED, **{window: 20})
+    ring = simulate("ring", workload(n, steps=60), CONTROLLED)
+    inner = [k for k in range(21, 59) if (k + 1) % 20 != 0 and k != 20]  # after the exclusion, not a boundary
+    assert any(e.get("to_state") in ("slow", "straggler") for e in res.events)
+    assert np.allclose(res.step_times_s[inner], ring.step_times_s[inner], rtol=1e-12)
 
 
 def test_dssync_global_average_is_a_control_call():

@@ -68,15 +68,49 @@ class Collectives(ABC):
     @abstractmethod
     def broadcast_object(self, obj: Any, root: int = 0, group: Group = None, tag: str = "object") -> Any: ...
 
-    @abstractmethod
-    def broadcast_async(self, tensor: torch.Tensor, root: int, group: Group = None, tag: str = "signal") -> Any:
-        """Post an in-place broadcast; returns a handle for :meth:`poll` / :meth:`wait`."""
+    # --- a group without process sets: the other ranks have joined ----------------------------------
+    # A rank that has joined takes part in every all-reduce the others run with zeros, until every rank
+    # has joined; so ranks that have not joined all-reduce among themselves over the world's ring, with
+    # no process set to create and no collective of their own (Horovod's ``join``).
 
-    @abstractmethod
-    def poll(self, handle: Any) -> bool: ...
+    def join(self) -> int:
+        """Join and block until every rank has joined; returns the rank that joined last (same everywhere)."""
+        raise NotImplementedError(f"{type(self).__name__} has no join(): dpar and awar need it")
 
-    @abstractmethod
-    def wait(self, handle: Any) -> torch.Tensor: ...
+    def join_async(self) -> Any:
+        """Join from a helper thread, so this rank's main thread keeps computing; a handle for
+        :meth:`join_done` / :meth:`join_wait`. The rank must run no collective of its own until then."""
+        raise NotImplementedError(f"{type(self).__name__} has no join(): dpar and awar need it")
+
+    def join_done(self, handle: Any) -> bool:
+        raise NotImplementedError
+
+    def join_wait(self, handle: Any) -> int:
+        raise NotImplementedError
+
+    def allreduce_among_(self, tensors: Sequence[torch.Tensor], members: Sequence[int], op: str = "mean",
+                         tag: str = "grads") -> None:
+        """In-place all-reduce of ``tensors`` over ``members`` while every other rank has joined (or will
+        join): a sum over the world (the others add zeros), divided by the members' count for a mean.
+        With every rank a member it is exactly :meth:`allreduce_grouped_` over the world."""
+        if len(members) == self.size:
+            self.allreduce_grouped_(tensors, op=op, tag=tag)
+            return
+        if op not in ("mean", "avg", "sum"):
+            raise ValueError(f"reduce op {op!r} over a group of joined ranks: use mean or sum")
+        self.allreduce_grouped_(tensors, op="sum", tag=f"{tag}.among")
+        if op != "sum":
+            for t in tensors:
+                t.div_(len(members))
+
+    def allgather_among(self, tensor: torch.Tensor, members: Sequence[int], tag: str = "allgather") -> torch.Tensor:
+        """Each member's ``tensor`` stacked in member order (shape (len(members), *tensor.shape)) while every
+        other rank has joined: every rank fills its own slot of a world-sized zero tensor and they are
+        summed (an all-gather is not possible with joined ranks; a sum is)."""
+        slots = tensor.new_zeros((self.size, *tensor.shape))
+        slots[self.rank] = tensor
+        total = self.allreduce(slots, op="sum", tag=f"{tag}.among")
+        return total[list(members)]
 
     @abstractmethod
     def barrier(self, group: Group = None) -> None: ...

@@ -6,15 +6,16 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
   of later global operations differ between ranks and the job hangs. Every call here is named.
 - Horovod caches the negotiation of an operation by its name; a fresh name every step defeats the
   cache (ring ran at well under half the plain loop's speed that way). Blocking operations therefore
-  reuse one stable name per (tag, group); only asynchronous ones, which may be outstanding together,
-  get a sequence number.
+  use one stable name per (tag, group).
+- ``hvd.join()`` (world-level): a joined rank adds zeros to every all-reduce the others run until all
+  have joined; ``dpar``/``awar`` build their partial group on it (no process set per group).
 - ``hvd.add_process_set`` is a collective over all ranks and raises for a rank list that already
   exists, so sets are created only through :meth:`ensure_groups` and cached by rank tuple.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Dict, Sequence, Tuple
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
 from lightning_straggler.launcher import waiting  # the launcher's stall watchdog sees blocked collectives
@@ -28,12 +29,27 @@ def _hvd():
     return hvd
 
 
+class _JoinHandle:
+    """``hvd.join()`` running in a helper thread: Horovod's blocking calls release the GIL, so the
+    rank's main thread goes on computing while its background thread feeds zeros to the others'
+    all-reduces."""
+
+    def __init__(self) -> None:
+        self.thread: Optional[threading.Thread] = None
+        self.last: Optional[int] = None
+        self.error: Optional[BaseException] = None
+
+    def run(self, join: Callable[[], int]) -> None:
+        try:
+            self.last = join()
+        except BaseException as error:  # Horovod shut down under us: re-raised by join_wait
+            self.error = error
+
+
 class HorovodCollectives(Collectives):
     def __init__(self) -> None:
         self._sets: Dict[Tuple[int, ...], Any] = {}
         self._dynamic = False
-        self._seq: Dict[Tuple[str, Tuple[int, ...]], int] = defaultdict(int)
-        self._async_names: Dict[int, str] = {}  # handle -> name, for the stall watchdog
 
     # --- lifecycle -------------------------------------------------------------------------------
     def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
@@ -61,7 +77,6 @@ class HorovodCollectives(Collectives):
         if self.initialized:
             _hvd().shutdown()
         self._sets.clear()
-        self._seq.clear()
 
     @property
     def rank(self) -> int:
@@ -97,15 +112,10 @@ class HorovodCollectives(Collectives):
                 f"no Horovod process set for ranks {key}: create it with ensure_groups() on every rank first"
             ) from None
 
-    def _name(self, tag: str, group: Group, unique: bool = False) -> Tuple[str, Any]:
+    def _name(self, tag: str, group: Group) -> Tuple[str, Any]:
         key = normalize_group(group, self.size)
         members = "all" if len(key) == self.size else "-".join(map(str, key))
-        name = f"{tag}.{members}"
-        if unique:  # members post these in the same order, so their counters agree
-            seq = self._seq[(tag, key)]
-            self._seq[(tag, key)] = seq + 1
-            name = f"{name}.{seq}"
-        return name, self.process_set(key)
+        return f"{tag}.{members}", self.process_set(key)
 
     @staticmethod
     def _op(op: str):
@@ -144,18 +154,25 @@ class HorovodCollectives(Collectives):
         with waiting(name):
             return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
 
-    def broadcast_async(self, tensor, root, group=None, tag="signal"):
-        name, ps = self._name(tag, group, unique=True)
-        handle = _hvd().broadcast_async_(tensor, root_rank=root, name=name, process_set=ps)
-        self._async_names[handle] = name
+    def join(self) -> int:
+        with waiting("join"):
+            return int(_hvd().join())
+
+    def join_async(self) -> _JoinHandle:
+        handle = _JoinHandle()
+        handle.thread = threading.Thread(target=handle.run, args=(_hvd().join,), name="horovod-join", daemon=True)
+        handle.thread.start()
         return handle
 
-    def poll(self, handle) -> bool:
-        return _hvd().poll(handle)
+    def join_done(self, handle: _JoinHandle) -> bool:
+        return not handle.thread.is_alive()
 
-    def wait(self, handle):
-        with waiting(self._async_names.pop(handle, "async")):
-            return _hvd().synchronize(handle)
+    def join_wait(self, handle: _JoinHandle) -> int:
+        with waiting("join"):
+            handle.thread.join()
+        if handle.error is not None:
+            raise handle.error
+        return int(handle.last)
 
     def barrier(self, group=None) -> None:
         with waiting(self._name("barrier", group)[0]):

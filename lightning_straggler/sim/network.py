@@ -18,7 +18,7 @@ network delivers. Computation and communication do not overlap in this model (Ho
 overlaps part of the all-reduce with backward on real hardware, so real step times are somewhat lower).
 
 ``control_op_s`` is a fixed cost added to every infrequent ("control") collective call: the ones at
-boundaries, merges, global averages and process-set creation, as opposed to the per-step gradient
+boundaries, merges and global averages, as opposed to the per-step gradient
 exchange. Horovod negotiates such a call afresh through its coordinator (a name it has not seen
 recently misses the response cache), and the Python around it (building the tensor, pickling,
 deciding) runs once per call; on a small model that fixed cost, not alpha or beta, is what a
@@ -36,10 +36,7 @@ class Network:
     name: str
     alpha_s: float  # latency per message, seconds
     beta_s_per_byte: float  # seconds per byte (1 / bandwidth)
-    control_op_s: float = 0.0  # fixed cost per infrequent collective call (boundaries, merges, process sets)
-    # hvd.add_process_set at run time (dynamic process sets): None = one control all-gather of the member
-    # list; a measured value (benchmarks/process_set_cost.py) includes building the set's own communicator
-    process_set_create_s: float | None = None
+    control_op_s: float = 0.0  # fixed cost per infrequent collective call (boundaries, merges, joins)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
@@ -48,9 +45,6 @@ class Network:
             raise ValueError(f"beta_s_per_byte must be a finite number >= 0 (got {self.beta_s_per_byte!r})")
         if not (math.isfinite(self.control_op_s) and self.control_op_s >= 0):
             raise ValueError(f"control_op_s must be a finite number >= 0 (got {self.control_op_s!r})")
-        c = self.process_set_create_s
-        if c is not None and not (math.isfinite(c) and c >= 0):
-            raise ValueError(f"process_set_create_s must be None or a finite number >= 0 (got {c!r})")
 
     def allreduce_s(self, k: int, nbytes: float) -> float:
         if k <= 1:
@@ -75,19 +69,13 @@ class Network:
         cost = {"allreduce": self.allreduce_s, "broadcast": self.broadcast_s, "allgather": self.allgather_s}[kind]
         return calls * (cost(k, nbytes) + self.control_op_s)
 
-    def create_process_set_s(self, k: int, members: int) -> float:
-        """``hvd.add_process_set`` of ``members`` ranks, called by all k ranks (dynamic process sets)."""
-        if self.process_set_create_s is not None:
-            return self.process_set_create_s
-        return self.control_s(k, "allgather", 8.0 * members)
-
     def broadcast_object_s(self, k: int, nbytes: float) -> float:
         """``hvd.broadcast_object``: the pickled object's length, then its bytes (two broadcasts)."""
         return self.control_s(k, "broadcast", 8.0) + self.control_s(k, "broadcast", nbytes)
 
     def describe(self) -> dict:
         return {"name": self.name, "alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte,
-                "control_op_s": self.control_op_s, "process_set_create_s": self.process_set_create_s,
+                "control_op_s": self.control_op_s,
                 "bandwidth_gbit_s": 8e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf}
 
 

@@ -1,28 +1,27 @@
 """The boundary protocol shared by ``dpar`` and ``awar`` (``strategies/partial_group.py``), step by step.
 
 Between boundaries the group (the ranks in ``group``) runs lock-step: a step lasts
-max over members of compute + allreduce(|group|) + loop_overhead. A rank outside the group that still
-computes does local steps back to back (compute + loop_overhead each, no communication) on the
-positions after the last boundary; one that does not compute (DPAR's struck-out) waits.
+max over members of compute + allreduce(N) + loop_overhead. The all-reduce runs over the whole
+world's ring: ranks outside the group have joined (Horovod's ``join()``) and add zeros, so the group
+pays what ``ring`` pays, with no process set. A rank outside the group that still computes does local
+steps back to back (compute + loop_overhead each, no communication) on the positions after the last
+boundary; one that does not compute (DPAR's struck-out) waits.
 
 Boundaries come after position p when (p + 1) is a multiple of ``window_steps`` and at the
 workload's sync points (epoch ends, validations, the last step), as ``PartialGroupStrategy._is_boundary``.
 At a boundary (every collective call here is a control call, ``Network.control_s``: its alpha-beta
 cost plus the fixed ``control_op_s``):
 
-1. the group has finished position p at time T; an outside rank meets the group's signal when it
-   polls, i.e. at the end of the local step it is in at T (or, if it reached position p itself, it
-   blocks until T). The boundary starts when the last of them arrives. The signal itself is one
-   broadcast of 8 bytes over everyone, paid only when someone is outside;
-2. everyone all-gathers its window numbers (median compute per step, samples, steps, local steps):
-   allgather(N, boundary_bytes);
+1. the group has finished position p at time T and joins; an outside rank's join returns and it
+   notices at the end of the local step it is in at T (or, if it reached position p itself, it
+   blocks until T). The boundary starts when the last of them arrives. The join is one control call
+   over everyone (modelled as an 8-byte all-reduce), paid only when someone is outside;
+2. everyone all-gathers its window numbers (position, median compute per step, samples, steps, local
+   steps): allgather(N, boundary_bytes);
 3. the algorithm decides (the project's policy) and merges (its cost, ``GroupPolicy.merge_cost_s``);
-4. a new group that leaves someone out needs a Horovod process set. The strategies register every
-   possible group as a static set when there are at most 16 (``static_groups``: at 4 ranks, 10):
-   then nothing is paid; otherwise a set not seen before is created with ``hvd.add_process_set``,
-   one more collective over all (``Network.create_process_set_s``: measured by
-   ``benchmarks/process_set_cost.py``, else one control all-gather of the member list);
-5. outside ranks pass over the batches up to p (``skip_batch_s`` each) and everyone continues at p + 1.
+4. outside ranks pass over the batches up to p (``skip_batch_s`` each), and only then join again: the
+   group's next all-reduce needs every rank either in it or joined, so the next window starts when
+   the last of them has caught up. A membership change costs nothing more.
 
 So with nobody outside before or after, a boundary costs exactly
 allgather(N, boundary_bytes) + control_op_s (plus the algorithm's merge, 0 for both when nobody is
@@ -30,7 +29,6 @@ or was outside), i.e. a run without stragglers pays that once per window on top 
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -40,7 +38,8 @@ from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
 from lightning_straggler.sim.workload import Workload
 
-#: The per-rank row gathered at a boundary, as the strategy's (RANK, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS).
+#: The per-rank row gathered at a boundary, as the strategy's (RANK, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS)
+#: (the strategy's POSITION column only tells outside ranks where the group is).
 Row = tuple[int, Optional[float], int, int, int]
 
 
@@ -74,23 +73,11 @@ class GroupPolicy:
     events: list[dict]
 
 
-#: As ``strategies/partial_group.MAX_STATIC_GROUPS`` (not imported: that module needs torch).
-MAX_STATIC_GROUPS = 16
-
-
-def uses_static_sets(workload: Workload, policy: GroupPolicy) -> bool:
-    """Whether every possible group is a static process set, as ``PartialGroupStrategy.static_groups``."""
-    if workload.static_process_sets is not None:
-        return bool(workload.static_process_sets)
-    n = workload.world_size
-    return sum(math.comb(n, k) for k in range(max(1, policy.min_group_size()), n)) <= MAX_STATIC_GROUPS
-
-
 def boundary_exchange_s(network: Network, workload: Workload, someone_outside: bool) -> float:
-    """Steps 1-2 of a boundary: the signal (only when someone is outside) and the statistics all-gather."""
+    """Steps 1-2 of a boundary: the join (only when someone is outside) and the statistics all-gather."""
     n = workload.world_size
-    signal = network.control_s(n, "broadcast", 8.0) if someone_outside else 0.0
-    return signal + network.control_s(n, "allgather", workload.boundary_bytes)
+    join = network.control_s(n, "allreduce", 8.0) if someone_outside else 0.0
+    return join + network.control_s(n, "allgather", workload.boundary_bytes)
 
 
 def simulate_partial_group(workload: Workload, network: Network, policy: GroupPolicy,
@@ -104,8 +91,6 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
     samples = 0.0
     step_times: list[float] = []
     step_samples: list[float] = []
-    static_sets = uses_static_sets(workload, policy)
-    created_sets: set[tuple[int, ...]] = set()
     start = 0
     while start < steps:
         end = start
@@ -117,10 +102,11 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         positions = np.arange(start, end + 1)
         # group members: lock-step
         compute = workload.compute_s(members[:, None], positions[None, :])
-        group_steps = compute.max(axis=0) + network.allreduce_s(len(group), workload.grad_bytes) + loop
-        begin = float(free_at[members].max()) if len(group) else time_now
+        group_steps = compute.max(axis=0) + network.allreduce_s(n, workload.grad_bytes) + loop
+        begin = float(free_at.max())  # outside ranks join again once caught up
         t_group = begin + float(group_steps.sum())
         step_times.extend(group_steps.tolist())
+        step_times[-len(positions)] += begin - time_now  # the group waited for that in its first step
         medians: list[float | None] = [None] * n
         steps_in_window = np.zeros(n, dtype=np.int64)
         for k, r in enumerate(group):
@@ -154,9 +140,6 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         policy.on_boundary(rows, group, end)
         new_group = policy.group()
         t += policy.merge_cost_s(group, new_group, network, workload)
-        if len(new_group) < n and not static_sets and new_group not in created_sets:
-            created_sets.add(new_group)  # hvd.add_process_set: a control collective over all, once per set
-            t += network.create_process_set_s(n, len(new_group))
         for r in set(new_group) - in_group:
             local_steps[r] = 0
         step_times[-1] += t - t_group  # the boundary belongs to the window's last step

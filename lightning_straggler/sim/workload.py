@@ -95,7 +95,6 @@ class Workload:
     skip_batch_s: float = 0.0  # cost of passing over one batch (an excluded worker catching up)
     boundary_bytes: float = 64.0  # per-rank payload of a boundary's statistics all-gather (5 float64 = 40 B, padded)
     state_tensors: int = 1  # tensors in the module's state_dict: dpar's state broadcast sends each separately
-    static_process_sets: bool | None = None  # None: as the strategies decide (static when <= 16 possible groups)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """``awar``: Adaptive Weighted All-Reduce (AWAR thesis).
 
 Profiling classifies stragglers (``policies/awar.py``). The normal group all-reduces gradients every
-step in its own process set while stragglers train asynchronously on their own copy of the model:
+step (stragglers have joined and add zeros: no process set) while stragglers train asynchronously on
+their own copy of the model:
 local steps on their own shard, nobody waits for them (the boundary protocol is in
 ``partial_group.py``). At every epoch end, before validation, at the end of training and, with
 ``period_steps`` > 0, every ``period_steps`` steps, a weighted model average merges everyone:

@@ -12,7 +12,7 @@ import io
 import os
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -340,6 +340,10 @@ class HorovodStrategy(ParallelStrategy):
         gradients override this; a wrong answer here would make the culprit search hang."""
         return None
 
+    def gather_in_sync_group(self, tensor: Tensor, members: Tuple[int, ...], tag: str) -> Tensor:
+        """All-gather (dim 0) among the ranks of :meth:`gradient_sync_group`, from inside a step."""
+        return self.comm.allgather(tensor, group=None if len(members) == self.world_size else members, tag=tag)
+
     @staticmethod
     def _own_grads(optimizer: Optimizer) -> List[Tensor]:
         return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -357,9 +361,8 @@ class HorovodStrategy(ParallelStrategy):
             if _all_finite(self._own_grads(optimizer)):
                 return
             members = sorted(group)
-            flags = self.comm.allgather(torch.tensor([[float(self.global_rank), float(mine_bad)]], dtype=torch.float64),
-                                        group=None if len(members) == self.world_size else members,
-                                        tag="nonfinite_flags")
+            mine = torch.tensor([[float(self.global_rank), float(mine_bad)]], dtype=torch.float64)
+            flags = self.gather_in_sync_group(mine, tuple(members), tag="nonfinite_flags").reshape(-1, 2)
             culprits = sorted(int(r) for r, bad in flags.tolist() if bad)
         step = self.steps_done
         loss_value = float(loss.detach().float().mean()) if isinstance(loss, Tensor) and mine_bad else None

@@ -1,26 +1,35 @@
 """The boundary protocol shared by ``dpar`` and ``awar``: a synchronous group that leaves some ranks out.
 
-Between boundaries the ranks in ``group()`` all-reduce gradients every step in a Horovod process set of
-their own; the others work alone (local steps) or pass over their batches. Boundaries come after the
-batch at position p (batches counted from the start of fit, the same numbering on every rank) when
-p + 1 is a multiple of ``window_steps``, at the last batch of an epoch, before a validation and at the
-last step of training. At a boundary every rank:
-  1. (if a rank is outside the group) meets the group's signal: each outside rank posted an
-     asynchronous broadcast right after the previous boundary and polls it between its own steps, so
-     the group waits for at most about one of its steps (an outside rank that reaches the boundary
-     position itself blocks on it). The broadcast carries the group's position p;
-  2. all-gathers its numbers for the window: median compute time per step (before any collective),
-     samples and steps computed, local steps since it left the group;
+The group needs no process set. A rank outside the group calls Horovod's ``join()`` from a helper
+thread and goes on with local steps on its main thread; a joined rank adds zeros to every all-reduce
+the others run, so the group's members sum their gradients over the world's ring and divide by their
+count. The group's own ``join()`` at the next boundary releases everyone: it is also the boundary
+signal. So a membership change costs nothing but the boundary exchange, a group step costs what a
+``ring`` step costs (the same one all-reduce, over the same ring), and with nobody outside a step is
+exactly a ``ring`` step.
+
+Boundaries come after the batch at position p (batches counted from the start of fit, the same
+numbering on every rank) when p + 1 is a multiple of ``window_steps``, at the last batch of an
+epoch, before a validation, where a ``ModelCheckpoint(every_n_train_steps=n)`` saves, and at the last
+step of training. At a boundary every rank:
+  1. (if a rank is outside the group) meets the others in ``join()``: group members join when they
+     reach p; an outside rank's helper-thread join then returns, and the rank notices it before its
+     next local step (so the group waits for at most about one of its steps); an outside rank that
+     reaches position p itself waits for it;
+  2. all-gathers its numbers for the window: its position, median compute time per step (before any
+     collective), samples and steps computed, local steps since it left the group;
   3. runs the algorithm's ``on_boundary`` (the same decision on every rank from the same numbers, and
      the model merge: DPAR broadcasts the group's model, AWAR takes a weighted average);
   4. outside ranks pass over the batches between their position and p, so every rank is at the same
-     position again: epoch ends, validation and the end of training line up on every rank.
-Training steps must not run collectives of their own (``self.log(..., sync_dist=True)`` in
-``training_step``): ranks are not in step between boundaries. Validation may.
+     position again: epoch ends, validation, checkpoints and the end of training line up on every
+     rank. Only then does a rank still outside join again (at its first batch after p): from there
+     to the next boundary it runs no collective of its own.
+Lightning's collectives called between boundaries (``self.log(..., sync_dist=True)``, ``reduce``,
+``all_gather`` in ``training_step``) reduce over the group on its members and stay local on the
+ranks outside it; at boundaries (validation, epoch ends) they are over every rank.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import statistics
@@ -29,22 +38,24 @@ from abc import abstractmethod
 from typing import Any, List, Optional, Tuple
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_straggler.profiling import StepRecord
-from lightning_straggler.strategies.horovod_base import HorovodStrategy, batch_size_of
+from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_name, batch_size_of
 
 log = logging.getLogger(__name__)
 
-# Up to this many possible groups are registered as static Horovod process sets at start-up.
-MAX_STATIC_GROUPS = 16
 # Columns of the per-rank numbers gathered at a boundary.
-RANK, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS = range(5)
+RANK, POSITION, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS = range(6)
+_REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
 
 
 class PartialGroupStrategy(HorovodStrategy):
-    uses_subgroups = True
+    # the group is the world with the outside ranks joined: no process sets at all
+    uses_subgroups = False
 
     def __init__(self, window_steps: int = 20, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -52,10 +63,10 @@ class PartialGroupStrategy(HorovodStrategy):
             raise ValueError(f"window_steps must be an integer >= 1 (got {window_steps!r})")
         self.window_steps = window_steps
         self.position = 0  # batches started since fit began; the current batch is position - 1
-        # (seconds this rank spent in each boundary's signal + exchange, whether a rank was outside)
+        # (seconds this rank spent in each boundary's join + exchange, whether a rank was outside)
         self.boundary_waits: List[Tuple[float, bool]] = []
         self._synced_through = -1  # boundaries up to this position are done; batches up to it are skipped
-        self._signal: Optional[Any] = None  # an outside rank's pending boundary signal
+        self._join: Optional[Any] = None  # an outside rank's pending join (the next boundary's signal)
         self._window_start = 0  # first recorder record of the current window
         self._steps = 0  # steps computed since the last boundary
         self._samples = 0  # samples computed since the last boundary
@@ -72,14 +83,6 @@ class PartialGroupStrategy(HorovodStrategy):
     def min_group_size(self, world_size: int) -> int:
         """The algorithm's floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
 
-    @override
-    def static_groups(self, world_size: int) -> Optional[List[Tuple[int, ...]]]:
-        # every group of at least the floor's size, if there are few: 10 at 4 ranks, 162 at 8 (too many)
-        sizes = range(max(1, self.min_group_size(world_size)), world_size)
-        if sum(math.comb(world_size, k) for k in sizes) > MAX_STATIC_GROUPS:
-            return None
-        return [g for k in sizes for g in itertools.combinations(range(world_size), k)]
-
     def computes_outside_group(self, rank: int) -> bool:
         """Whether a rank outside the group still computes (DPAR's struck-out ranks do not)."""
         return True
@@ -89,6 +92,12 @@ class PartialGroupStrategy(HorovodStrategy):
         """Decide and merge. ``rows[r]`` holds rank r's numbers (columns RANK .. LOCAL_STEPS)."""
 
     # --- helpers --------------------------------------------------------------------------------
+    @property
+    def _lined_up(self) -> bool:
+        """At or behind the group's last boundary (catching up, validating, at an epoch end): every rank
+        reaches the collectives run now at the same point. Else a step is in flight."""
+        return self.position - 1 <= self._synced_through
+
     @property
     def in_group(self) -> bool:
         return self.global_rank in self.group()
@@ -115,15 +124,18 @@ class PartialGroupStrategy(HorovodStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.position += 1
         self._just_synced = False
-        if self._signal is not None and self.comm.poll(self._signal):
+        if self._join is not None and self.comm.join_done(self._join):
             self._boundary()  # the group has reached a boundary: join it now, then catch up
+        elif self._join is None and not self.in_group and self.position - 1 > self._synced_through:
+            # caught up with the group: from here to the next boundary this rank runs no collective
+            self._join = self.comm.join_async()
         self._batch_samples = batch_size_of(batch)
         super().on_train_batch_start(batch, batch_idx)
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         if self.in_group:
-            self.comm.allreduce_grouped_(self.gradients_of(optimizer), op="mean", group=self.group(), tag="grads")
+            self.comm.allreduce_among_(self.gradients_of(optimizer), self.group(), op="mean", tag="grads")
         else:
             self._local_steps += 1
 
@@ -144,6 +156,10 @@ class PartialGroupStrategy(HorovodStrategy):
             return True
         if trainer.max_steps > 0 and position + 1 >= trainer.max_steps:
             return True
+        # checkpoints gather every rank's state: they come at boundaries (global_step = position + 1)
+        if any(c._every_n_train_steps > 0 and (position + 1) % c._every_n_train_steps == 0
+               for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)):
+            return True
         every = trainer.val_check_batch  # validation runs after batches where (batch_idx + 1) % every == 0
         return bool(trainer.enable_validation and isinstance(every, int) and every > 0
                     and (epoch_loop.batch_idx + 1) % every == 0)
@@ -152,34 +168,27 @@ class PartialGroupStrategy(HorovodStrategy):
     def _boundary(self) -> None:
         started = time.perf_counter()
         old_group = self.group()
-        position = self.position - 1
-        if len(old_group) < self.world_size:
-            if self._signal is not None:  # outside: the group's position comes with the signal
-                position = int(self.comm.wait(self._signal)[0].item())
-                self._signal = None
-            else:  # group member: post the broadcast the outside ranks are waiting on
-                handle = self.comm.broadcast_async(torch.tensor([position], dtype=torch.int64), root=old_group[0],
-                                                   tag="group_signal")
-                position = int(self.comm.wait(handle)[0].item())
+        if len(old_group) < self.world_size:  # meet the outside ranks in join(): everyone is released
+            if self._join is not None:
+                self.comm.join_wait(self._join)
+                self._join = None
+            else:
+                self.comm.join()
 
         window = self.recorder.records[self._window_start:]
         median = statistics.median([r.compute_s for r in window]) if window else math.nan
-        mine = [float(self.global_rank), median, float(self._samples), float(self._steps), float(self._local_steps)]
+        mine = [float(self.global_rank), float(self.position - 1), median, float(self._samples), float(self._steps),
+                float(self._local_steps)]
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
+        position = int(rows[old_group[0]][POSITION])  # the group's position (outside ranks may be behind)
         self.boundary_waits.append((time.perf_counter() - started, len(old_group) < self.world_size))
 
         self.on_boundary(rows, old_group, position)
 
-        new_group = self.group()
         if self.in_group and self.global_rank not in old_group:
             self._local_steps = 0
-        if len(new_group) < self.world_size:
-            self.comm.ensure_groups([new_group])  # a collective over all ranks, the same list on each
-            if not self.in_group:
-                self._signal = self.comm.broadcast_async(torch.tensor([-1], dtype=torch.int64), root=new_group[0],
-                                                         tag="group_signal")
         log.debug("rank %d: boundary at %d (own position %d), group %s", self.global_rank, position,
-                  self.position - 1, new_group)
+                  self.position - 1, self.group())
         self._synced_through = position
         self._window_start = len(self.recorder.records)
         self._steps = self._samples = 0
@@ -187,22 +196,49 @@ class PartialGroupStrategy(HorovodStrategy):
 
     @override
     def on_train_end(self) -> None:
-        # Outside ranks always have a signal posted for the next boundary; training ended without
-        # one (last step, early stop), so the group completes it here: no operation stays pending.
-        group = self.group()
-        if len(group) < self.world_size:
-            if self._signal is None:
-                self._signal = self.comm.broadcast_async(torch.tensor([-1], dtype=torch.int64), root=group[0],
-                                                         tag="group_signal")
-            self.comm.wait(self._signal)
-            self._signal = None
+        # Training ends at a boundary, where nobody has joined yet; should it end elsewhere (a callback
+        # stopping it), an outside rank may be joined: every rank joins once more, which releases all.
+        if len(self.group()) < self.world_size:
+            if self._join is not None:
+                self.comm.join_wait(self._join)
+                self._join = None
+            else:
+                self.comm.join()
+            self._synced_through = self.position - 1
         super().on_train_end()
+
+    # --- Lightning's collectives between boundaries ---------------------------------------------------
+    @override
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
+        if self._lined_up or group is not None or not isinstance(tensor, Tensor) or not self.comm.initialized:
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        op = _op_name(reduce_op)
+        if op == "mean" and not tensor.is_floating_point():
+            tensor = tensor.float()
+        if not self.in_group:
+            return tensor  # outside the group: the rank's own value, no collective
+        members = self.group()
+        if len(members) == self.world_size:
+            return super().reduce(tensor, reduce_op=reduce_op)
+        return _REDUCE[op](self.comm.allgather_among(tensor, members, tag="reduce"), dim=0)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        if self._lined_up or group is not None or not self.comm.initialized:
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+        if not self.in_group:
+            return tensor.unsqueeze(0)
+        return self.comm.allgather_among(tensor, self.group(), tag="all_gather")
 
     # --- non-finite check and exact resume (HorovodStrategy hooks) -----------------------------------
     @override
     def gradient_sync_group(self) -> Optional[Tuple[int, ...]]:
         # group members averaged their gradients; ranks outside it took a local step on their own
         return self.group() if self.in_group else None
+
+    @override
+    def gather_in_sync_group(self, tensor: Tensor, members: Tuple[int, ...], tag: str) -> Tensor:
+        return self.comm.allgather_among(tensor, members, tag=tag)
 
     @override
     def strategy_state(self) -> dict:
@@ -223,20 +259,3 @@ class PartialGroupStrategy(HorovodStrategy):
         self.recorder.records = [StepRecord.from_row(r) for r in saved["window"]]
         self.recorder.take_unsent()  # measured before the checkpoint: the profiler does not report them again
         self._window_start = 0
-
-    @override
-    def on_train_start(self) -> None:
-        resuming = self._resumed_state() is not None
-        super().on_train_start()  # restores the state (the subclass's membership included)
-        if resuming:
-            self._resume_signal()
-
-    def _resume_signal(self) -> None:
-        """Ranks outside the restored group post the boundary signal again (the interrupted run's was
-        completed at its end), as ``_boundary`` does."""
-        group = self.group()
-        if len(group) < self.world_size:
-            self.comm.ensure_groups([group])  # a collective over all ranks, the same list on each
-            if not self.in_group:
-                self._signal = self.comm.broadcast_async(torch.tensor([-1], dtype=torch.int64), root=group[0],
-                                                         tag="group_signal")

@@ -1,0 +1,87 @@
+"""dpar and awar's join-based group with real Horovod workers: 8 ranks, no process sets, and Lightning's
+collectives called from ``training_step`` while a rank is out of the group."""
+import pytest
+import torch
+
+from lightning_straggler import AwarStrategy, DparStrategy
+from lightning_straggler.callbacks import StragglerInjector
+from lightning_straggler.models import Classifier
+from lightning_straggler.policies.injection import RandomSchedule, SlowdownEvent, TransientSchedule
+from tests.helpers import RankSpread, flat_params
+from tests.test_ring_multiprocess import fit, make_model
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _strategy(name, window, **kw):
+    return DparStrategy(window_steps=window, **kw) if name == "dpar" else AwarStrategy(period_steps=window, **kw)
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar"])
+def test_without_stragglers_equals_ring_at_8_ranks(name):
+    steps = 10
+    ring = make_model()
+    fit(ring, "ring", 8, 4, steps)
+    model = make_model()
+    strategy = _strategy(name, 5)
+    # emulated device time, equal on every rank, keeps CPU noise from looking like a straggler
+    fit(model, strategy, 8, 4, steps, callbacks=[StragglerInjector(device_ms_per_sample=6.0)])
+    assert [e for e in strategy.run_report["events"] if e["kind"] in ("transition", "classification")] == []
+    assert (flat_params(model) - flat_params(ring)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar"])
+def test_random_straggler_schedules_at_8_ranks_always_finish(name):
+    for seed in range(2):
+        injector = StragglerInjector(RandomSchedule(seed, 0.3, 2.0, 10.0, 1, 8, 4), device_ms_per_sample=0.5)
+        strategy = _strategy(name, 3, **({"readmit_windows": 1, "strikeout_windows": 2} if name == "dpar" else {}))
+        trainer = fit(make_model(seed), strategy, 8, 4, 18, callbacks=[injector, RankSpread()],
+                      limit_val_batches=1, val_check_interval=7)
+        assert trainer.state.finished
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+class LogsInTrainingStep(Classifier):
+    """Calls Lightning's reduce (mean and max) and all_gather on its rank number every training step and
+    logs it with ``sync_dist=True``, as users do; counts the answers that are not what README promises
+    (over the group on its members, the rank's own value outside it). At the end of fit every rank's
+    counts are gathered into callback_metrics["training_step_collectives"] (world, 3)."""
+
+    def __init__(self):
+        super().__init__("mlp", 40, 10, hidden=[32], optimizer="sgd", lr=0.1, momentum=0.9)
+        self.wrong, self.inside_partial, self.outside = 0, 0, 0
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        strategy = self.trainer.strategy
+        me = strategy.global_rank
+        rank = torch.tensor(float(me))
+        self.log("rank_mean", rank, sync_dist=True, on_step=True, on_epoch=False)
+        group = strategy.group()
+        mean, top = float(strategy.reduce(rank, reduce_op="mean")), float(strategy.reduce(rank, reduce_op="max"))
+        gathered = strategy.all_gather(rank).tolist()
+        if me in group:
+            expected = (sum(group) / len(group), float(max(group)), [float(r) for r in group])
+            self.inside_partial += len(group) < strategy.world_size
+        else:
+            expected = (float(me), float(me), [float(me)])
+            self.outside += 1
+        self.wrong += (mean, top, gathered) != expected
+        return loss
+
+    def on_fit_end(self):
+        counts = torch.tensor([float(self.wrong), float(self.inside_partial), float(self.outside)])
+        self.trainer.callback_metrics["training_step_collectives"] = self.trainer.strategy.all_gather(counts).clone()
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar"])
+def test_collectives_in_training_step_reduce_over_the_group_and_stay_local_outside(name):
+    # rank 3 is 10x slow from the start: out of the group after the first window
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(3, 10.0, 0, None)]), device_ms_per_sample=2.0)
+    strategy = _strategy(name, 4)
+    make_model()  # seeds everything as the other tests do
+    trainer = fit(LogsInTrainingStep(), strategy, 4, 8, 16, callbacks=[injector, RankSpread()])
+    counts = trainer.callback_metrics["training_step_collectives"]
+    assert counts[:, 0].sum().item() == 0, counts  # every answer as promised, on every rank
+    assert counts[3, 2].item() > 0 and counts[0, 1].item() > 0, counts  # rank 3 was outside; 0-2 a partial group
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
