@@ -198,15 +198,9 @@ class HorovodStrategy(ParallelStrategy):
     def _configure_launcher(self) -> None:
         self._launcher = None if attached_to_horovod() else HorovodLauncher(self, self.stall_timeout_s)
 
-    def static_groups(self, world_size: int) -> Optional[List[Sequence[int]]]:
-        """Every group the algorithm may use, registered once at start-up instead of dynamic process
-        sets (which cost on every step); ``None``: too many to list, create them while running."""
-        return None
-
     @override
     def setup_environment(self) -> None:
-        static = self.static_groups(self.world_size) if self.uses_subgroups else None
-        self.comm.init(dynamic_groups=self.uses_subgroups and static is None, static_groups=static or ())
+        self.comm.init(dynamic_groups=self.uses_subgroups)
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
         if attached_to_horovod() and "OMP_NUM_THREADS" not in os.environ:
             # every process would otherwise take all cores (4.6x slower on 2 cores, DESIGN.md)
