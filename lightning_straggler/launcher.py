@@ -51,6 +51,8 @@ CONSEQUENCES = (
     "gloo/transport", "gloo error", "aborted",
 )
 _NAME_BYTES = 96
+BUSY_FACTOR = 3  # a rank busy in its own code (not frozen) holds the others up for at most this x stall_timeout_s
+_BUSY_WINDOW_S = 3.0  # a rank whose main thread used CPU this recently is busy, not stuck
 _GRACE_S = 5.0  # how long the survivors get to end by themselves before SIGTERM (then as long before SIGKILL)
 
 
@@ -188,6 +190,41 @@ class CollectiveBoard:
     def name(self, rank: int) -> str:
         return bytes(self._names[rank * _NAME_BYTES:(rank + 1) * _NAME_BYTES]).rstrip(b"\0").decode(errors="replace")
 
+    def frozen(self, alive: Sequence[int], stopped: Sequence[int], timeout_s: float,
+               now: Optional[float] = None, busy: Sequence[int] = ()) -> Dict[int, str]:
+        """The live ranks that froze, each with a description naming the collective the others wait in
+        and for how long: the ``stopped`` ones (SIGSTOP, a debugger), else, once some rank has waited in a
+        collective longer than ``timeout_s``, those not in any collective (stuck in their own code: a hung
+        data loader, a deadlock), except ``busy`` ones (their main thread is running: a straggler) until the
+        wait passes ``BUSY_FACTOR`` x ``timeout_s``. A rank waiting in a collective itself is not frozen (a
+        mismatch of collectives is a stall with no single culprit)."""
+        now = time.time() if now is None else now
+        waits = [now - self._since[r] if self._since[r] else 0.0 for r in range(self.size)]
+        longest = max(waits, default=0.0)
+        suspects = [r for r in alive if r in stopped]
+        if not suspects and longest > timeout_s:
+            suspects = [r for r in alive if not self._since[r] and (r not in busy or longest > BUSY_FACTOR * timeout_s)]
+        if not suspects:
+            return {}
+        groups: Dict[str, List[int]] = {}
+        for r in range(self.size):
+            if self._since[r] and r not in suspects:
+                groups.setdefault(self.name(r), []).append(r)
+        others = "; ".join(f"{_rank_list(rs)} wait{'s' if len(rs) == 1 else ''} in '{name}' for "
+                           f"{max(waits[r] for r in rs):.0f} s" for name, rs in groups.items())
+        out = {}
+        for r in suspects:
+            if self._since[r]:
+                where = f"itself inside '{self.name(r)}' for {waits[r]:.0f} s"
+            elif self._last[r]:
+                where = f"not in a collective, its last one '{self.name(r)}' ended {now - self._last[r]:.0f} s ago"
+            else:
+                where = "not in a collective, none yet"
+            how = ("stopped (SIGSTOP or a debugger)" if r in stopped else
+                   "busy in its own code for too long" if r in busy else "stuck in its own code (not running)")
+            out[r] = f"froze: {how}, {where}, while {others or 'no other rank is in a collective'}; ended with SIGKILL"
+        return out
+
     def stalled(self, timeout_s: float, now: Optional[float] = None) -> Optional[str]:
         """A description naming every rank and the collective it waits in, once one rank has waited
         longer than ``timeout_s``; else ``None``."""
@@ -203,6 +240,30 @@ class CollectiveBoard:
                 last = f"'{self.name(r)}' {now - self._last[r]:.0f} s ago" if self._last[r] else "none yet"
                 parts.append(f"rank {r} is not in a collective (busy or stuck in its own code; last collective: {last})")
         return "; ".join(parts)
+
+
+def _rank_list(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def main_thread_cpu(pid: int) -> Optional[int]:
+    """CPU ticks (user + system) of the process's main thread (where Python runs; Horovod's background
+    thread, which keeps polling, is another), or ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 _board: Optional[CollectiveBoard] = None
@@ -258,6 +319,13 @@ class _Rendezvous:
         self._thread.join(timeout=5)
 
 
+def backstop_timeout_s(stall_timeout_s: float) -> int:
+    """Horovod's and Gloo's own time-outs: past the longest the watchdog lets a busy rank hold the others
+    up (``BUSY_FACTOR`` x its limit), plus one limit and 30 s (a rank may freeze up to a step before its peers
+    start waiting in a collective)."""
+    return int((BUSY_FACTOR + 1) * stall_timeout_s + 30)
+
+
 def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) -> Dict[str, str]:
     """Environment for local rank ``rank`` of a one-host Gloo job."""
     env = {
@@ -268,10 +336,13 @@ def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) 
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": LOOPBACK, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_GLOO_IFACE": "lo",
-        # Horovod's own stall inspector, set to the same limit. On this build (0.28.1, Gloo) it stayed
-        # silent for a collective one rank never joined, so the launcher's watchdog is what ends a stall.
+        # Horovod's own stall inspector warns at the limit (at most 60 s). Its shut-down and Gloo's own
+        # time-out (30 s by default; a collective that gives up ends the process with SIGABRT, so a frozen
+        # rank used to take its healthy peers down first) come well after the launcher's watchdog, which
+        # names and ends the frozen rank itself.
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, stall_timeout_s))),
-        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(stall_timeout_s)),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(backstop_timeout_s(stall_timeout_s)),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(backstop_timeout_s(stall_timeout_s)),
     }
     return env
 
@@ -330,26 +401,91 @@ class HorovodLauncher(_MultiProcessingLauncher):
         seen: Dict[int, float] = {}
         stall: Optional[str] = None
         timed_out = False
+        frozen: Dict[int, str] = {}
+        cpu: Dict[int, Tuple[Optional[int], float]] = {}  # rank -> (main thread's CPU ticks, when they last moved)
+        busy_noted = False
         while pending:
             self._collect(procs, pending, exits, seen, 1.0)
             if any(code != 0 for code in exits.values()):
                 break
+            busy = self._busy(procs, pending, cpu)
             stall = self._board.stalled(self._stall_timeout_s) if self._board is not None else None
             timed_out = deadline is not None and time.monotonic() > deadline
-            if stall or timed_out:
+            if timed_out:
                 break
+            if stall:
+                frozen = self._end_frozen(procs, pending, exits, seen, healthy_peers_died=False, busy=busy)
+                if frozen or not any(not self._board._since[i] for i in busy):
+                    break
+                if not busy_noted:  # a rank busy in its own code holds the others up: a straggler, wait
+                    log.warning("collective wait past trainer.stall_timeout_s=%g s, but ranks %s are busy in their "
+                                "own code (main thread running); waiting up to %d x the limit: %s",
+                                self._stall_timeout_s, sorted(busy), BUSY_FACTOR, stall)
+                    busy_noted = True
+                stall = None
         if not pending and all(code == 0 for code in exits.values()):
             return
-        if not (stall or timed_out):
+        if not (frozen or stall or timed_out):
             # Reports arrive in any order (a peer's consequence often before the cause), so collect them
             # for a grace period; a rank that noted its own exception but has not exited yet gets as long again.
             self._collect_for(procs, pending, exits, seen, _GRACE_S)
             if self._board is not None:
                 noted = [s for s, i in pending.items() if self._board.failed_at(i)]
                 self._collect_for(procs, pending, exits, seen, _GRACE_S, only=noted)
-        natural = dict(exits)  # exits before we stopped anyone
+            if not any(classify(self._report(context, i, code, seen))[0] == OWN
+                       for i, code in exits.items() if code != 0):
+                # only consequences so far (e.g. healthy ranks whose collective gave up): a frozen peer?
+                frozen = self._end_frozen(procs, pending, exits, seen, healthy_peers_died=True)
+        natural = dict(exits)  # exits before we stopped anyone (and the frozen ranks we ended)
         self._stop(procs)
-        raise self._diagnose(context, natural, seen, stall, timed_out, job_timeout)
+        raise self._diagnose(context, natural, seen, stall, timed_out, job_timeout, frozen)
+
+    @staticmethod
+    def _busy(procs, pending, cpu: Dict[int, Tuple[Optional[int], float]]) -> List[int]:
+        """Live ranks whose main thread used CPU in the last ``_BUSY_WINDOW_S`` seconds."""
+        now = time.monotonic()
+        busy = []
+        for i in pending.values():
+            ticks = main_thread_cpu(procs[i].pid)
+            last, moved = cpu.get(i, (None, now))
+            if ticks != last:
+                moved = now
+            cpu[i] = (ticks, moved)
+            if ticks is not None and now - moved < _BUSY_WINDOW_S:
+                busy.append(i)
+        return busy
+
+    def _end_frozen(self, procs, pending, exits, seen, healthy_peers_died: bool,
+                    busy: Sequence[int] = ()) -> Dict[int, str]:
+        """SIGKILL the live workers that froze (see :meth:`CollectiveBoard.frozen`); returns their
+        descriptions. After the healthy ranks died, only stopped ranks, or ranks that have not been in a
+        collective for the stall limit, count as frozen."""
+        if self._board is None:
+            return {}
+        alive = sorted(pending.values())
+        stopped = [i for i in alive if process_stopped(procs[i].pid)]
+        now = time.time()
+        if healthy_peers_died:
+            timeout = self._stall_timeout_s
+            alive = [i for i in alive if i in stopped or (not self._board._since[i] and self._board._last[i]
+                                                          and now - self._board._last[i] > timeout)]
+        frozen = self._board.frozen(alive, stopped, self._stall_timeout_s, now, busy=busy)
+        for i in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(procs[i].pid, signal.SIGKILL)
+        sentinels = {s: i for s, i in pending.items() if i in frozen}
+        for s, i in sentinels.items():
+            procs[i].join(30.0)
+            pending.pop(s)
+            exits[i] = procs[i].exitcode
+            seen[i] = time.time()
+        if frozen:
+            log.warning("ended frozen worker(s) %s", "; ".join(f"rank {i} {d}" for i, d in frozen.items()))
+        return frozen
+
+    def _report(self, context, i: int, code: Optional[int], seen: Dict[int, float], frozen: str = "") -> Report:
+        return Report(i, code, _read_traceback(context.error_files[i]),
+                      self._board.failed_at(i) if self._board is not None else 0.0, seen.get(i, 0.0), frozen)
 
     @staticmethod
     def _collect(procs, pending, exits, seen, timeout: float, only: Optional[Sequence[Any]] = None) -> None:
@@ -379,18 +515,17 @@ class HorovodLauncher(_MultiProcessingLauncher):
                 p.join(max(0.0, end - time.monotonic()))
 
     def _diagnose(self, context, exits: Dict[int, int], seen: Dict[int, float], stall: Optional[str],
-                  timed_out: bool, job_timeout: float) -> WorkerFailure:
+                  timed_out: bool, job_timeout: float, frozen: Optional[Dict[int, str]] = None) -> WorkerFailure:
         size = len(context.processes)
-        if stall:
+        frozen = frozen or {}
+        if stall and not frozen:
             msg = (f"a collective stalled for more than trainer.stall_timeout_s={self._stall_timeout_s:g} s; "
                    f"all {size} workers were stopped: {stall}")
             return WorkerFailure(msg, "stall", None, "stalled collective", [])
         if timed_out:
             msg = f"the job ran over trainer.job_timeout_s={job_timeout:g} s; all {size} workers were stopped"
             return WorkerFailure(msg, "timeout", None, "job timeout", [])
-        reports = [Report(i, code, _read_traceback(context.error_files[i]),
-                          self._board.failed_at(i) if self._board is not None else 0.0, seen.get(i, 0.0))
-                   for i, code in exits.items()]
+        reports = [self._report(context, i, code, seen, frozen.get(i, "")) for i, code in exits.items()]
         return blame(reports, size)
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:

@@ -81,3 +81,10 @@ class RaiseAfterPeersFail(_AtStep):
         psutil.wait_procs(peers, timeout=20.0)
         time.sleep(0.2)
         raise ValueError(f"own error on purpose at step {self.step}, after the peers failed")
+
+
+class FreezeRank(_AtStep):
+    """Stops its own process (SIGSTOP): alive, but it never reaches the next collective."""
+
+    def act(self, trainer) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,6 +1,7 @@
 """A dead, failing or stalled worker ends the job within seconds with a message naming it; with
 restart_on_failure the job goes on from the last checkpoint on the surviving workers (real Horovod)."""
 import json
+import re
 import time
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from lightning_straggler.launcher import OWN, WorkerFailure, classify
 from lightning_straggler.train import train
-from tests.reliability_helpers import KillRank, RaiseAfterPeersFail, RaiseOnRank, StallRank
+from tests.reliability_helpers import FreezeRank, KillRank, RaiseAfterPeersFail, RaiseOnRank, StallRank
 
 pytestmark = pytest.mark.multiprocess
 
@@ -43,6 +44,26 @@ def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_wo
     assert set(summary["per_rank"]) == {"0", "1", "2"}
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 20  # finished: 10 steps on 4 workers (checkpointed), then 10 on 3
+
+
+@pytest.mark.timeout(400)
+def test_frozen_worker_is_named_ended_and_the_job_goes_on_without_it(tmp_path):
+    """Rank 2 SIGSTOPs itself after step 12: alive, never in the next collective. The watchdog names it
+    (rank, the collective the others wait in, how long), SIGKILLs it, and the job restarts from the step-10
+    checkpoint with the three healthy workers (not, as before, counting the healthy ranks as dead)."""
+    started = time.monotonic()
+    summary = train(small_job(tmp_path, restart_on_failure=1, stall_timeout_s=6),
+                    callbacks=[FreezeRank(rank=2, step=12, world=4)])
+    [restart] = summary["restarts"]
+    assert restart["dead_ranks"] == [2] and restart["dead_original_ranks"] == [2], restart
+    reason = restart["reason"]
+    assert reason.startswith("froze: stopped (SIGSTOP"), reason
+    assert re.search(r"while ranks 0, 1, 3 wait in '[a-z_.]+all' for \d+ s; ended with SIGKILL", reason), reason
+    assert restart["new_world_size"] == 3 and summary["world_size"] == 3
+    assert restart["from_checkpoint"].endswith("last.ckpt")
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 20
+    print(f"frozen worker test: {time.monotonic() - started:.1f} s")
 
 
 def test_exception_in_user_code_names_the_rank_and_the_exception(tmp_path):
