@@ -16,5 +16,7 @@ test: setup
 bench: setup
 	$(PY) -m benchmarks.ring_vs_plain $(ARGS)
 
+# benchmarks/results holds committed results: clean removes only what git ignores there
 clean:
-	rm -rf .venv outputs multirun lightning_logs benchmarks/results
+	rm -rf .venv outputs multirun lightning_logs
+	git clean -fdXq benchmarks/results 2>/dev/null || true

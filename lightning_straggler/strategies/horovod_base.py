@@ -203,7 +203,7 @@ class HorovodStrategy(ParallelStrategy):
         self.comm.init(dynamic_groups=self.uses_subgroups)
         rank_zero_only.rank = fabric_rank_zero_only.rank = self.global_rank
         if attached_to_horovod() and "OMP_NUM_THREADS" not in os.environ:
-            # every process would otherwise take all cores (4.6x slower on 2 cores, DESIGN.md)
+            # every process would otherwise take all cores (measured 4.6x slower with 4 workers on 2 cores)
             local = int(os.environ.get("HOROVOD_LOCAL_SIZE", 1))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
         self.recorder = StepRecorder(rank=self.global_rank)
