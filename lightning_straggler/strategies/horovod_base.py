@@ -537,8 +537,23 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def on_validation_start(self) -> None:
+        trainer = self.lightning_module.trainer
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self.broadcast_buffers(root=0)
         self.attach_metric_sync()
         super().on_validation_start()
+
+    def broadcast_buffers(self, root: int = 0) -> None:
+        """Rank ``root``'s buffers (batch-norm running statistics) on every rank before a validation in
+        fit, as DDP does (its forward broadcasts rank 0's buffers): every rank then validates the model
+        that is checkpointed and handed back, not its own running statistics. One broadcast per dtype."""
+        buffers = [b for b in self.lightning_module.buffers()]
+        for dtype in sorted({b.dtype for b in buffers}, key=str):
+            same = [b for b in buffers if b.dtype == dtype]
+            flat = torch.cat([b.detach().reshape(-1) for b in same])
+            self.comm.broadcast_(flat, root=root, tag=f"eval_buffers.{str(dtype).split('.')[-1]}")
+            for b, part in zip(same, torch.split(flat, [b.numel() for b in same])):
+                b.data.copy_(part.view_as(b))
 
     @override
     def on_test_start(self) -> None:
