@@ -23,9 +23,11 @@ def test_without_stragglers_equals_ring_at_8_ranks(name):
     ring = make_model()
     fit(ring, "ring", 8, 4, steps)
     model = make_model()
-    strategy = _strategy(name, 5)
-    # emulated device time, equal on every rank, keeps CPU noise from looking like a straggler
-    fit(model, strategy, 8, 4, steps, callbacks=[StragglerInjector(device_ms_per_sample=6.0)])
+    # 8 workers share 2 cores: CPU contention alone can make a rank's median step 1.5x the group's, so
+    # the detection threshold is out of its reach here (this test is about the group mechanism), and
+    # emulated device time, equal on every rank, dominates the real compute
+    strategy = _strategy(name, 5, slow_ratio=4.0)
+    fit(model, strategy, 8, 4, steps, callbacks=[StragglerInjector(device_ms_per_sample=10.0)])
     assert [e for e in strategy.run_report["events"] if e["kind"] in ("transition", "classification")] == []
     assert (flat_params(model) - flat_params(ring)).abs().max().item() < 1e-5
 
