@@ -34,16 +34,21 @@ def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
     assert not list((tmp_path / "checkpoints").glob("*.tmp-*"))
 
 
-def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path):
-    summary = train(small_job(tmp_path, restart_on_failure=1), callbacks=[KillRank(rank=2, step=12, world=4)])
-    assert summary["world_size"] == 3
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("algorithm", ["ring", "dssync"])
+def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path, algorithm):
+    job = small_job(tmp_path, restart_on_failure=1)
+    job["algorithm"] = {"name": algorithm}
+    summary = train(job, callbacks=[KillRank(rank=2, step=12, world=4)])
+    assert summary["world_size"] == 3 and summary["algorithm"] == algorithm
     [restart] = summary["restarts"]
-    assert restart["dead_rank"] == 2 and "SIGKILL" in restart["reason"]
+    assert restart["dead_rank"] == 2 and restart["dead_ranks"] == [2] and "SIGKILL" in restart["reason"]
     assert restart["new_world_size"] == 3 and restart["from_checkpoint"].endswith("last.ckpt")
     assert json.loads((tmp_path / "summary.json").read_text())["restarts"] == summary["restarts"]
     assert set(summary["per_rank"]) == {"0", "1", "2"}
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 20  # finished: 10 steps on 4 workers (checkpointed), then 10 on 3
+    assert ckpt["lightning_straggler"]["world_size"] == 3
 
 
 @pytest.mark.timeout(400)
