@@ -96,3 +96,15 @@ def test_allgather_among_returns_the_members_rows_in_order():
     assert torch.equal(rows, torch.stack([value[0], value[2], value[3]]))
     assert rows.max(dim=0).values.tolist() == [3.0, 4.0]  # a max that zeros from rank 1 would have hidden
     assert comm.calls == [{"kind": "allreduce", "op": "sum", "tag": "reduce.among", "group": None}]
+
+
+def test_at_most_one_rank_is_out_of_the_group_above_4_ranks():
+    from lightning_straggler.policies.dpar import DparThresholds
+    from lightning_straggler.policies.group_floor import join_safe_floor, max_outside
+    from lightning_straggler.sim.dpar import DparPolicy
+
+    assert [max_outside(n) for n in (1, 2, 4, 5, 8, 1024)] == [0, 1, 3, 1, 1, 1]
+    assert join_safe_floor(4, 2) == 2 and join_safe_floor(8, 4) == 7 and join_safe_floor(8, 8) == 8
+    # the simulator's dpar takes the same floor as DparStrategy.setup
+    assert DparPolicy(8, thresholds=DparThresholds(min_active=2)).thresholds.min_active == 7
+    assert DparPolicy(4, thresholds=DparThresholds(min_active=2)).thresholds.min_active == 2

@@ -13,6 +13,8 @@ Stragglers' local steps count: their updates enter the average with their weight
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import statistics
 from collections.abc import Sequence
 
@@ -22,6 +24,7 @@ from lightning_straggler.policies.awar import (
     average_weights,
     classify,
 )
+from lightning_straggler.policies.group_floor import join_safe_floor
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
     GroupPolicy,
@@ -44,6 +47,9 @@ class AwarPolicy(GroupPolicy):
                  weighting: str = "updates") -> None:
         self.window_steps = period_steps or 10**12  # 0: merges only at sync points, as the strategy
         self.thresholds = thresholds or AwarThresholds()
+        # as AwarStrategy.setup: no more ranks out of the group than join() allows
+        self.thresholds = replace(self.thresholds, min_group=join_safe_floor(
+            world_size, self.thresholds.min_group_for(world_size)))
         self.thresholds.validate(world_size)
         self.weighting = weighting
         self.states = [NORMAL] * world_size

@@ -15,6 +15,8 @@ doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank c
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lightning_straggler.policies.dpar import (
     ACTIVE,
     STRUCK_OUT,
@@ -23,6 +25,7 @@ from lightning_straggler.policies.dpar import (
     decide,
     window_median,
 )
+from lightning_straggler.policies.group_floor import join_safe_floor
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
     GroupPolicy,
@@ -39,6 +42,9 @@ class DparPolicy(GroupPolicy):
     def __init__(self, world_size: int, window_steps: int = 20, thresholds: DparThresholds | None = None) -> None:
         self.window_steps = window_steps
         self.thresholds = thresholds or DparThresholds()
+        # as DparStrategy.setup: no more ranks out of the group than join() allows
+        self.thresholds = replace(self.thresholds, min_active=join_safe_floor(
+            world_size, self.thresholds.min_active_for(world_size)))
         self.thresholds.validate(world_size)
         self.memory = DparMemory.initial(world_size)
         self.events: list[dict] = []

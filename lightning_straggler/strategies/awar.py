@@ -20,6 +20,7 @@ Batches a straggler passes over to catch up with the group at a merge are not tr
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, List, Tuple
 
 from torch import Tensor
@@ -49,6 +50,8 @@ class AwarStrategy(PartialGroupStrategy):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self.thresholds.validate(self.world_size)
+        floor = self.group_floor(self.thresholds.min_group_for(self.world_size))
+        self.thresholds = replace(self.thresholds, min_group=floor)
         self.states = [NORMAL] * self.world_size
 
     @override

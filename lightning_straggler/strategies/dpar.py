@@ -22,6 +22,7 @@ worker's shard (its local updates are discarded anyway).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -68,6 +69,8 @@ class DparStrategy(PartialGroupStrategy):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self.thresholds.validate(self.world_size)
+        floor = self.group_floor(self.thresholds.min_active_for(self.world_size))
+        self.thresholds = replace(self.thresholds, min_active=floor)
         self.memory = DparMemory.initial(self.world_size)
         if self.reshard:
             # the shards follow the membership, so the training loader is rebuilt at every epoch start

@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.policies.group_floor import join_safe_floor, max_outside
 from lightning_straggler.profiling import StepRecord
 from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_name, batch_size_of
 
@@ -82,6 +83,15 @@ class PartialGroupStrategy(HorovodStrategy):
     @abstractmethod
     def min_group_size(self, world_size: int) -> int:
         """The algorithm's floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
+
+    def group_floor(self, configured: int) -> int:
+        """``policies.group_floor.join_safe_floor``, logged when it raises the configured floor."""
+        floor = join_safe_floor(self.world_size, configured)
+        if floor > configured:
+            self.record_event("group_floor", configured=configured, used=floor,
+                              note=f"at most {max_outside(self.world_size)} rank(s) out of the group at "
+                                   f"{self.world_size} workers: Horovod's join() is unsafe with more")
+        return floor
 
     def computes_outside_group(self, rank: int) -> bool:
         """Whether a rank outside the group still computes (DPAR's struck-out ranks do not)."""
