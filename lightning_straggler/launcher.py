@@ -159,7 +159,7 @@ def blame(reports: Sequence[Report], size: int) -> "WorkerFailure":
 class CollectiveBoard:
     """Shared memory where each local worker notes the collective it is blocked in and since when; the
     launcher reads it to catch a collective that some ranks never join (Horovod 0.28.1's own stall
-    inspector stayed silent for such a stall here, see DESIGN.md)."""
+    inspector stayed silent for such a stall when tried on this project's machines)."""
 
     def __init__(self, size: int) -> None:
         ctx = mp.get_context("spawn")
