@@ -57,6 +57,8 @@ _REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch
 class PartialGroupStrategy(HorovodStrategy):
     # the group is the world with the outside ranks joined: no process sets at all
     uses_subgroups = False
+    # ranks are not in step between boundaries: metrics computed while training stay local
+    lockstep_training = False
 
     def __init__(self, window_steps: int = 20, **kwargs: Any) -> None:
         super().__init__(**kwargs)
