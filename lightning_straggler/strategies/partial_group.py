@@ -194,6 +194,7 @@ class PartialGroupStrategy(HorovodStrategy):
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
         position = int(rows[old_group[0]][POSITION])  # the group's position (outside ranks may be behind)
         self.boundary_waits.append((time.perf_counter() - started, len(old_group) < self.world_size))
+        self._synced_through = position  # lined up from here: the merge's collectives are over every rank
 
         self.on_boundary(rows, old_group, position)
 
@@ -201,7 +202,6 @@ class PartialGroupStrategy(HorovodStrategy):
             self._local_steps = 0
         log.debug("rank %d: boundary at %d (own position %d), group %s", self.global_rank, position,
                   self.position - 1, self.group())
-        self._synced_through = position
         self._window_start = len(self.recorder.records)
         self._steps = self._samples = 0
         self._just_synced = True
