@@ -4,7 +4,7 @@
 #   scripts/local_slurm.sh start    # install what is missing, write the config, start the daemons, wait for idle nodes
 #   scripts/local_slurm.sh status   # daemons, nodes, and the line to export
 #   scripts/local_slurm.sh stop     # stop every daemon this script started (safe to run twice)
-#   eval "$(scripts/local_slurm.sh env)"   # SLURM_CONF for sbatch/srun/squeue in this shell
+#   eval "$(scripts/local_slurm.sh env)"   # SLURM_CONF (and the sacct stand-in on PATH) for this shell
 #
 # Everything lives in $LS_SLURM_DIR (default /tmp/ls-slurm): slurm.conf, cgroup.conf, its own munge key
 # and socket, state, spool and log directories, pid files. Nothing under /etc is changed; the clients find
@@ -106,6 +106,27 @@ write_config() {
   } > "$CONF"
   # No cgroup plugin is configured (proctrack/pgid, task/none); this file only keeps slurmd from probing.
   printf 'CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nConstrainCores=no\nConstrainRAMSpace=no\n' > "$DIR/cgroup.conf"
+  # No accounting database here, so no real sacct: submitit polls `sacct -o JobID,State,NodeList --parsable2
+  # -j ID...` to learn that a job failed (else it waits for a result file forever). This stand-in answers
+  # from slurmctld's memory of recent jobs (kept MinJobAge=300 s after they end) via scontrol.
+  mkdir -p "$DIR/bin"
+  cat > "$DIR/bin/sacct" <<'SH'
+#!/usr/bin/env bash
+# sacct stand-in of scripts/local_slurm.sh (no accounting database): JobID|State|NodeList from scontrol
+ids=()
+while [ $# -gt 0 ]; do
+  case "$1" in -j|--jobs) ids+=("${2//,/ }"); shift 2;; -j*) ids+=("${1#-j}"); shift;; *) shift;; esac
+done
+echo "JobID|State|NodeList"
+for id in ${ids[@]}; do
+  timeout 10 scontrol show job -o "${id%%_*}" 2>/dev/null | awk '{
+    delete f; for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = substr($i, length(kv[1]) + 2) }
+    id = f["JobId"]
+    if (f["ArrayJobId"] != "") { t = f["ArrayTaskId"]; sub(/%.*/, "", t); id = f["ArrayJobId"] "_" (t ~ /^[0-9]+$/ ? t : "[" t "]") }
+    print id "|" f["JobState"] "|" f["NodeList"] }'
+done
+SH
+  chmod +x "$DIR/bin/sacct"
   if [ ! -s "$DIR/munge/munge.key" ]; then
     dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
     chmod 600 "$DIR/munge/munge.key"
@@ -140,7 +161,7 @@ wait_idle() {
   while ((SECONDS < deadline)); do
     states="$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)"
     if [ -n "$states" ] && [ "$(echo "$states" | grep -c ' idle$')" -eq "$NODES" ]; then
-      log "cluster up: $NODES node(s) idle ($(echo "$states" | awk '{print $1}' | paste -sd,)); export SLURM_CONF=$CONF"
+      log "cluster up: $NODES node(s) idle ($(echo "$states" | awk '{print $1}' | paste -sd,)); export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH"
       return 0
     fi
     # nodes that came back down (e.g. after an earlier stop) are resumed once
@@ -188,7 +209,7 @@ status() {
   done
   if [ $any -eq 0 ]; then echo "local cluster not running ($DIR)"; return 3; fi
   SLURM_CONF="$CONF" timeout 10 sinfo -N || true
-  echo "export SLURM_CONF=$CONF"
+  echo "export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH"
 }
 
 case "${1:-}" in
@@ -202,6 +223,6 @@ case "${1:-}" in
     ;;
   stop) stop_all ;;
   status) status ;;
-  env) echo "export SLURM_CONF=$CONF" ;;
+  env) echo "export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH" ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac
