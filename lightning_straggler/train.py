@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import copy
+import warnings
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -178,7 +179,7 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
     val_acc = trainer.callback_metrics.get("val_acc")
     from omegaconf import OmegaConf
 
-    summary = build_summary(cfg.algorithm.name, t.devices, strategy.run_report, total, cfg.target_acc,
+    summary = build_summary(cfg.algorithm.name, trainer.world_size, strategy.run_report, total, cfg.target_acc,
                             OmegaConf.to_container(OmegaConf.structured(cfg)),
                             None if val_acc is None else float(val_acc))
     summary["restarts"] = restarts
@@ -194,6 +195,23 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
     return summary
 
 
+class SweepJobError(RuntimeError):
+    """A sweep point run by submitit failed; the message names the job's log files."""
+
+
+def _submitit_logs() -> Optional[str]:
+    """``stdout, stderr`` paths of this submitit job's task, or ``None`` outside submitit."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    try:
+        import submitit
+
+        paths = submitit.JobEnvironment().paths
+        return f"{paths.stdout}, {paths.stderr}"
+    except Exception:  # not a submitit job after all, or an older submitit
+        return None
+
+
 def _hydra_main() -> None:
     import hydra
 
@@ -201,20 +219,28 @@ def _hydra_main() -> None:
 
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 
+    # our submitit_slurm.yaml is checked against the plugin's schema of the same name, as intended
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_slurm' is validated against ConfigStore")
+
     @hydra.main(config_path=conf_dir, config_name="train", version_base="1.3")
     def main(cfg) -> Optional[float]:
         try:
             summary = train(cfg)
-        except ConfigError as e:
+        except (ConfigError, WorkerFailure) as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
-            sys.exit(2)
-        except WorkerFailure as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            sys.exit(1)
+            logs = _submitit_logs()
+            if logs:  # a SLURM job: the sweep's launching process re-raises this, logs named
+                raise SweepJobError(f"{e}\n-- submitit logs of this job: {logs}") from None
+            sys.exit(2 if isinstance(e, ConfigError) else 1)
         return summary.get("val_acc") if summary else None
 
     main()
 
 
 if __name__ == "__main__":
-    _hydra_main()
+    # Run the importable module's copy, not this __main__ one: submitit (hydra/launcher=submitit_slurm)
+    # pickles the task function, and classes of __main__ would travel by value, which the workers'
+    # spawn pickling then cannot find again.
+    from lightning_straggler.train import _hydra_main as _main
+
+    _main()

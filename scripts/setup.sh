@@ -76,10 +76,11 @@ SH
   "${PIP[@]}" install cloudpickle psutil pyyaml packaging cffi
 fi
 
-# The package and its test/benchmark extras (torch already satisfied, so nothing big is pulled).
+# The package and its test extras, and the slurm extra (hydra-submitit-launcher, small) so that
+# hydra/launcher=submitit_slurm and the SLURM test work (torch already satisfied, nothing big is pulled).
 if [ ! -f "$VENV/.ls-installed" ] || [ "$ROOT/pyproject.toml" -nt "$VENV/.ls-installed" ]; then
   log "installing lightning_straggler and its dependencies"
-  "${PIP[@]}" install "torch==$TORCH_VERSION" -e "$ROOT[test]"
+  "${PIP[@]}" install "torch==$TORCH_VERSION" -e "$ROOT[test,slurm]"
   touch "$VENV/.ls-installed"
 fi
 "$PY" -c 'import horovod.torch as hvd; assert hvd.gloo_built(), "Horovod was built without Gloo"' \
