@@ -301,15 +301,19 @@ def attached_to_horovod() -> bool:
 
 
 class _Rendezvous:
-    """Horovod's HTTP rendezvous server bound to loopback, for one local job of ``size`` workers."""
+    """Horovod's HTTP rendezvous server for one job of ``size`` workers: bound to loopback on a free port
+    for a local job; on ``host``:``port`` with ``hosts`` ([(name, workers)], Horovod's hostnames) when
+    task 0 of a cluster job hosts it (:mod:`lightning_straggler.cluster_env`)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, host: str = LOOPBACK, port: int = 0,
+                 hosts: Optional[Sequence[Tuple[str, int]]] = None) -> None:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-        self.server = RendezvousHTTPServer((LOOPBACK, 0), RendezvousHandler, 0)
+        self.server = RendezvousHTTPServer((host, port), RendezvousHandler, 0)
         self.port = self.server.server_address[1]
-        self.server.init(get_host_assignments(parse_hosts(f"localhost:{size}"), size))
+        plan = ",".join(f"{name}:{n}" for name, n in hosts) if hosts else f"localhost:{size}"
+        self.server.init(get_host_assignments(parse_hosts(plan), size))
         self._thread = threading.Thread(target=self.server.serve_forever, name="horovod-rendezvous", daemon=True)
         self._thread.start()
 

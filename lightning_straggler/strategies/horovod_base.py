@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from torch.utils.data import BatchSampler, DataLoader, Sampler
 from typing_extensions import override
 
+from lightning_straggler import cluster_env
 from lightning_straggler.comm import Collectives, HorovodCollectives
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
 from lightning_straggler.profiling import StepRecorder
@@ -196,6 +197,10 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def _configure_launcher(self) -> None:
+        if not attached_to_horovod():
+            # a task of a multi-task srun step becomes one worker (sets Horovod's variables; task 0 hosts
+            # the rendezvous); anything else is left as it is
+            cluster_env.attach(self.stall_timeout_s)
         self._launcher = None if attached_to_horovod() else HorovodLauncher(self, self.stall_timeout_s)
 
     @override
