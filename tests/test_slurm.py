@@ -40,7 +40,7 @@ def cluster(tmp_path_factory):
     if why:
         pytest.skip(why)
     base = str(tmp_path_factory.mktemp("slurm"))
-    env = {**os.environ, "LS_SLURM_DIR": base, "LS_SLURM_NODES": "2", "LS_SLURM_PORT": "16917",
+    env = {**os.environ, "LS_SLURM_DIR": base, "LS_SLURM_NODES": "2", "LS_SLURM_PORT": "17317",
            "LS_SLURM_WAIT_S": "90"}
     started = time.monotonic()
     try:
