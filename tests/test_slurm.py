@@ -114,3 +114,18 @@ def test_failing_point_reports_submitit_logs(cluster, tmp_path):
     assert m, proc.stderr[-3000:]
     with open(m.group(2)) as f:
         assert "trainer.stall_timeout_s must be in" in f.read()
+
+
+def test_srun_by_hand(cluster):
+    # a user's own script under `srun -N2 --ntasks-per-node=2`: 4 attached workers, in step
+    script = os.path.join(ROOT, "tests", "scripts", "attached_fit.py")
+    started = time.monotonic()
+    proc = subprocess.run(["srun", "-N2", "--ntasks-per-node=2", "--cpus-per-task=1", "--time=10",
+                           sys.executable, script], env=cluster, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    print(f"\n[slurm] srun -N2 --ntasks-per-node=2: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    assert all(r["world"] == 4 and r["steps"] == 5 and r["launcher"] == "NoneType" for r in results)
+    assert all(r["params"] == pytest.approx(results[0]["params"], abs=1e-7) for r in results)
