@@ -28,6 +28,7 @@ rendezvous address (the kernel's route; no packet is sent).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -35,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
+log = logging.getLogger(__name__)
 _BRACKETS = re.compile(r"\[([^\]]*)\]")
 
 
@@ -290,4 +292,7 @@ def attach(stall_timeout_s: float = 300.0, env: Optional[Dict[str, str]] = None)
     elif layout.rank != 0:
         wait_for(addr, port, float(env.get("LS_RENDEZVOUS_WAIT_S", "300")))
     env.update(attach_env(layout, addr, port, iface, stall_timeout_s))
+    log.info("SLURM task %d of %d (local %d of %d) on node %s: Horovod rendezvous %s:%d%s, Gloo on %s",
+             layout.rank, layout.size, layout.local_rank, layout.local_size, layout.hostname, addr, port,
+             " (hosted here)" if layout.rank == 0 else "", iface)
     return layout

@@ -99,9 +99,15 @@ def test_two_nodes_two_tasks(cluster, tmp_path):
     places = set()
     for log in glob.glob(str(out / ".submitit" / "*" / "*_log.out")):
         with open(log) as f:
-            m = re.search(r"local_rank=(\d)\(2\), node=(\d)\(2\), global_rank=(\d)\(4\)", f.read())
+            text = f.read()
+        m = re.search(r"local_rank=(\d)\(2\), node=(\d)\(2\), global_rank=(\d)\(4\)", text)
         assert m, log
         places.add(tuple(int(g) for g in m.groups()))
+        # what the task attached with: task 0's rendezvous on the first node's (loopback) address, Gloo on lo
+        m = re.search(r"SLURM task (\d) of 4 \(local (\d) of 2\) on node (ls[12]): Horovod rendezvous "
+                      r"127\.0\.0\.1:\d+( \(hosted here\))?, Gloo on lo", text)
+        assert m, text[-2000:]
+        assert (m.group(1) == "0") == bool(m.group(4))
     assert places == {(0, 0, 0), (1, 0, 1), (0, 1, 2), (1, 1, 3)}
 
 
