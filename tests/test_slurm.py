@@ -24,11 +24,11 @@ FAST = ["trainer=quick", "straggler=none", f"trainer.max_steps={STEPS}", "traine
 
 
 def _installable() -> str:
-    """Why slurm cannot be installed here ('' when it is there or can be)."""
+    """Why the local cluster cannot run here ('' when it can)."""
+    if os.geteuid() != 0:
+        return "the local cluster (scripts/local_slurm.sh) installs slurm with apt-get and runs its daemons as root"
     if shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged") and shutil.which("sbatch"):
         return ""
-    if os.geteuid() != 0:
-        return "slurm-wlm/munge are not installed and installing them needs root (apt-get)"
     if not shutil.which("apt-get"):
         return "slurm-wlm/munge are not installed and there is no apt-get to install them"
     return ""
