@@ -69,3 +69,27 @@ class ClosedFormAwar(AwarStrategy):
         if self.global_rank == 0:
             self.run_report.setdefault("average_errors", []).append(error)
             self.run_report.setdefault("average_weights", []).append(list(weights))
+
+
+class CheckpointHoldsGroupModel(Callback):
+    """At every checkpoint Lightning writes (rank 0's ``state_dict``), compares it with the parameters of
+    the synchronous group's leader, gathered from every rank (checkpoints come at boundaries, where
+    every rank is lined up). Reports the largest difference over all saves and the number of saves made
+    while rank 0 itself was outside the group (so that the comparison is not vacuous)."""
+
+    def __init__(self):
+        self.errors, self.saves_with_rank0_outside, self.saves = [], 0, 0
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        strategy = trainer.strategy
+        group = strategy.group()
+        gathered = strategy.all_gather(flat_params(pl_module))  # (world, n)
+        saved = torch.cat([checkpoint["state_dict"][name].detach().reshape(-1) for name, _ in pl_module.named_parameters()])
+        self.errors.append((saved - gathered[group[0]]).abs().max().item())
+        self.saves += 1
+        self.saves_with_rank0_outside += int(0 not in group)
+
+    def on_fit_end(self, trainer, pl_module):
+        trainer.callback_metrics["checkpoint_vs_group_error"] = torch.tensor(max(self.errors, default=float("nan")))
+        trainer.callback_metrics["saves_with_rank0_outside"] = torch.tensor(float(self.saves_with_rank0_outside))
+        trainer.callback_metrics["saves"] = torch.tensor(float(self.saves))

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_straggler import DparStrategy
 from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.policies.injection import RandomSchedule, SlowdownEvent, StaticSchedule, TransientSchedule
-from tests.helpers import RankSpread, flat_params
+from tests.helpers import CheckpointHoldsGroupModel, RankSpread, flat_params
 from tests.test_ring_multiprocess import fit, make_model
 
 pytestmark = pytest.mark.multiprocess
@@ -46,6 +46,19 @@ def test_transient_straggler_is_excluded_then_readmitted_with_the_group_model():
     assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6  # everyone ends on the group's model
     assert all(rank != 3 or to != "struck_out" for rank, _, to in moves)
     assert strategy.run_report["discarded_samples"] > 0  # rank 3's local steps were not counted
+
+
+def test_checkpoints_hold_the_group_model_while_rank_0_is_excluded(tmp_path):
+    """Lightning writes rank 0's model; with rank 0 out of the group that must still be the group's."""
+    injector = StragglerInjector(StaticSchedule([12.0, 1.0, 1.0, 1.0]), device_ms_per_sample=3.0)
+    strategy = DparStrategy(window_steps=4, strikeout_ratio=1000.0)  # rank 0 stays slow (excluded), never struck out
+    check = CheckpointHoldsGroupModel()
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=6, save_top_k=-1)
+    trainer = fit(make_model(), strategy, 4, 8, 30, callbacks=[injector, check, saver], enable_checkpointing=True)
+    assert (0, "active", "slow") in transitions(strategy)
+    assert trainer.callback_metrics["saves"].item() >= 4
+    assert trainer.callback_metrics["saves_with_rank0_outside"].item() >= 2
+    assert trainer.callback_metrics["checkpoint_vs_group_error"].item() == 0.0
 
 
 def test_permanent_20x_straggler_is_struck_out():

@@ -35,7 +35,7 @@ def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("algorithm", ["ring", "dssync"])
+@pytest.mark.parametrize("algorithm", ["ring", "dssync", "dpar", "awar", "boa"])
 def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path, algorithm):
     job = small_job(tmp_path, restart_on_failure=1)
     job["algorithm"] = {"name": algorithm}
