@@ -148,9 +148,26 @@ class AwarConfig:
             raise ConfigError(f"algorithm.{e}") from None
 
 
-# name -> schema; later algorithms add their entry here and a strategy in strategies/.
+@dataclass
+class DDPConfig:
+    """Lightning's own DDPStrategy over torch.distributed (lightning_straggler.ddp_baseline): the baseline."""
+
+    name: str = "ddp"
+    model_averaging_period: int = 0  # 0 = plain DDP; N >= 1: post-local SGD, parameters averaged every N steps
+    warmup_steps: int = 0  # post-local SGD only: steps of plain gradient all-reduce before local SGD starts
+
+    def validate(self, world_size: int) -> None:
+        _check(isinstance(self.model_averaging_period, int) and self.model_averaging_period >= 0,
+               "algorithm.model_averaging_period", ">= 0 (0 = off: plain DDP)", self.model_averaging_period)
+        _check(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "algorithm.warmup_steps", ">= 0",
+               self.warmup_steps)
+        _check(self.warmup_steps == 0 or self.model_averaging_period > 0, "algorithm.warmup_steps",
+               "0 unless algorithm.model_averaging_period > 0 (it is the warm-up of post-local SGD)", self.warmup_steps)
+
+
+# name -> schema; later algorithms add their entry here and a strategy in strategies/ (ddp: ddp_baseline.py).
 ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig,
-                                      "dpar": DparConfig, "awar": AwarConfig}
+                                      "dpar": DparConfig, "awar": AwarConfig, "ddp": DDPConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------
@@ -348,6 +365,10 @@ class TrainConfig:
         if getattr(self.algorithm, "global_batch", None) == 0:  # boa: default global batch
             self.algorithm.global_batch = self.trainer.devices * self.data.batch_size
         self.algorithm.validate(self.trainer.devices)
+        if self.algorithm.name == "ddp":
+            _check(self.trainer.restart_on_failure == 0, "trainer.restart_on_failure",
+                   "0 with algorithm=ddp (restarts are implemented for the Horovod strategies only)",
+                   self.trainer.restart_on_failure)
         _check(0.0 <= self.target_acc <= 1.0, "target_acc", "in [0, 1]", self.target_acc)
         _check(_seed_ok(self.seed), "seed", SEED_RANGE, self.seed)
 

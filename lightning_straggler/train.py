@@ -36,9 +36,12 @@ def _output_dir(cfg) -> str:
 
 
 def build_strategy(cfg, job_deadline: Optional[float] = None):
-    from lightning_straggler.strategies import STRATEGIES
+    if cfg.algorithm.name == "ddp":  # Lightning's own DDPStrategy, the baseline (not a Horovod strategy)
+        from lightning_straggler.ddp_baseline import DDPBaselineStrategy as cls
+    else:
+        from lightning_straggler.strategies import STRATEGIES
 
-    cls, _ = STRATEGIES[cfg.algorithm.name]
+        cls, _ = STRATEGIES[cfg.algorithm.name]
     options = {k: v for k, v in asdict(cfg.algorithm).items() if k != "name"}
     strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, nonfinite=cfg.trainer.nonfinite, **options)
     # read by the launcher: the limit, and when it runs out (time.monotonic(); restarts included)

@@ -33,17 +33,32 @@ class StragglerInjector(Callback):
         self._t0 = 0.0
         self._samples = 0
         self._step = 0
+        self._delayed = False
 
     @staticmethod
     def _rank_step(trainer):
         steps = getattr(trainer.strategy, "steps_done", None)
         return trainer.global_rank, (trainer.global_step if steps is None else steps)
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        # ddp (lightning_straggler.ddp_baseline): its gradient all-reduce runs inside backward, so the delay
+        # goes where the first gradient bucket is ready, still before any collective
+        register = getattr(trainer.strategy, "register_pre_sync", None)
+        if register is not None:
+            register(lambda: self._delay(trainer))
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
         self._samples = _batch_size(batch)
+        self._delayed = False
 
     def on_after_backward(self, trainer, pl_module) -> None:
+        self._delay(trainer)
+
+    def _delay(self, trainer) -> None:
+        if self._delayed:  # once per batch (ddp: already in its gradient hook)
+            return
+        self._delayed = True
         skip = getattr(trainer.strategy, "skip_this_batch", None)
         if skip is not None and skip():
             return  # a batch the strategy passed over without computing takes no device time
@@ -67,11 +82,13 @@ class StragglerInjector(Callback):
         report = getattr(strategy, "run_report", None)
         if report is None:
             return
+        where = ("when DDP's first gradient bucket is ready (backward's compute done, before its all-reduce)"
+                 if hasattr(strategy, "register_pre_sync") else "after backward")
         report["emulated"] = {
             "schedule": self.schedule.describe(),
-            "slowdown": "sleep of (factor - 1) x the rank's measured compute of each batch, after backward",
+            "slowdown": f"sleep of (factor - 1) x the rank's measured compute of each batch, {where}",
             "device_ms_per_sample": self.device_ms_per_sample,
-            "device_time": ("sleep of factor x device_ms_per_sample per sample, after backward"
+            "device_time": (f"sleep of factor x device_ms_per_sample per sample, {where}"
                             if self.device_ms_per_sample > 0 else "none: real CPU compute only"),
             "per_rank_seconds": {str(int(r)): {"slowdown_s": s, "device_s": d} for r, s, d in every.tolist()},
         }

@@ -40,7 +40,9 @@ class WorkerProfiler(Callback):
         from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
         strategy = trainer.strategy
-        if not isinstance(strategy, HorovodStrategy):
+        # a Horovod strategy, or one with the same recorder / gather clock / collectives (ddp_baseline)
+        if not isinstance(strategy, HorovodStrategy) and not all(
+                hasattr(strategy, a) for a in ("recorder", "comm", "profile_gather_due", "profile_clock", "run_report")):
             raise TypeError(f"WorkerProfiler needs a lightning_straggler strategy, not {type(strategy).__name__}")
         return strategy
 

@@ -1,0 +1,78 @@
+"""algorithm=ddp: Lightning's own DDPStrategy as the baseline of the main job.
+
+In-process: the config group validates and bad values name the setting. One real run: ``python -m lightning_straggler.train algorithm=ddp`` with 2
+workers and a few steps writes a complete summary.json."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from lightning_straggler.config import ConfigError, load_config
+from lightning_straggler.summary import SUMMARY_KEYS
+
+
+# --- configuration ------------------------------------------------------------------------------
+def test_ddp_option_composes_and_validates(compose):
+    cfg = load_config(compose("algorithm=ddp", "straggler=none"))
+    assert cfg.algorithm.name == "ddp"
+    assert cfg.algorithm.model_averaging_period == 0 and cfg.algorithm.warmup_steps == 0
+    cfg = load_config(compose("algorithm=ddp", "straggler=none", "algorithm.model_averaging_period=4",
+                              "algorithm.warmup_steps=8"))
+    assert (cfg.algorithm.model_averaging_period, cfg.algorithm.warmup_steps) == (4, 8)
+
+
+@pytest.mark.parametrize("override,setting", [
+    ("algorithm.model_averaging_period=-1", "algorithm.model_averaging_period"),
+    ("algorithm.warmup_steps=-2", "algorithm.warmup_steps"),
+    ("algorithm.warmup_steps=5", "algorithm.warmup_steps"),  # a warm-up without post-local SGD
+    ("trainer.restart_on_failure=1", "trainer.restart_on_failure"),  # restarts: Horovod strategies only
+])
+def test_bad_ddp_values_name_the_setting(compose, override, setting):
+    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+        load_config(compose("algorithm=ddp", "straggler=none", override))
+
+
+def test_unknown_or_mistyped_ddp_keys_fail(compose):
+    with pytest.raises(ConfigCompositionException, match="model_averaging_period"):
+        compose("algorithm=ddp", "algorithm.model_averaging_period=often")
+    with pytest.raises(ConfigError, match="nonsense"):
+        load_config({"algorithm": {"name": "ddp", "nonsense": 1}})
+
+
+# --- the real thing, tiny ----------------------------------------------------------------------
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_ddp_two_workers_write_a_complete_summary(cli, tmp_path):
+    steps, batch = 6, 32
+    out = tmp_path / "ddp"
+    r = cli("algorithm=ddp", "trainer=quick", "trainer.devices=2", f"trainer.max_steps={steps}",
+            "trainer.val_check_interval=3", "data.num_samples=2000", f"data.batch_size={batch}",
+            "straggler=static", "straggler.factors=[1.0,2.0]", "straggler.device_ms_per_sample=1.0",
+            "profiler.gather_every_n_steps=4", "profiler.plot=false", f"output_dir={out}", timeout=540)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    missing = [k for k in SUMMARY_KEYS if k not in s]
+    assert not missing, missing
+    assert s["algorithm"] == "ddp" and s["world_size"] == 2
+    assert s["train_samples"] == 2 * steps * batch
+    assert s["throughput_samples_per_s"] == pytest.approx(s["train_samples"] / s["wall_s"])
+    assert s["val_acc"] is not None and len(s["val_history"]) == 2
+    assert sorted(s["per_rank"]) == ["0", "1"]
+    for rank in ("0", "1"):
+        p = s["per_rank"][rank]
+        assert p["steps"] == steps and p["samples"] == steps * batch
+        assert {"compute_s", "comm_s", "wait_s"} <= set(p)
+    # the injector ran on both ranks, in DDP's gradient hook: rank 1 emulates a device twice as slow
+    seconds = s["emulated"]["per_rank_seconds"]
+    assert seconds["0"]["device_s"] == pytest.approx(steps * batch * 1.0e-3)
+    assert seconds["1"]["device_s"] == pytest.approx(2 * steps * batch * 1.0e-3)
+    assert "first gradient bucket" in s["emulated"]["device_time"]
+    # the slow rank's compute is the longer one; the fast rank waits for it in the all-reduce
+    assert s["per_rank"]["1"]["compute_s"]["p50"] > s["per_rank"]["0"]["compute_s"]["p50"]
+    assert s["per_rank"]["0"]["wait_s"]["total"] > s["per_rank"]["1"]["wait_s"]["total"]
+    assert "compute_s" in s["profiling"]["profiling"] and s["profiling"]["gradient_buckets_per_step"] == 1
+    assert s["restarts"] == [] and s["timeline_png"] is None
+    assert os.path.exists(out / "checkpoints" / "last.ckpt")
