@@ -1,7 +1,11 @@
 """Throughput of the Lightning ``ring`` strategy against a plain Horovod loop written without Lightning.
 
     .venv/bin/python -m benchmarks.ring_vs_plain [--steps 200] [--repeats 3] [--emulate-ms-per-sample 0]
-                                                 [--data mnist1d|synthetic] [--quick]
+                                                 [--data mnist1d|synthetic] [--quick] [--ddp]
+
+``--ddp`` adds a third row per round: Lightning's own ``DDPStrategy`` (``algorithm=ddp``, torch.distributed
+with Gloo, spawned) through the same ``train()`` and overrides as the ring, timed the same way (its
+profiler's start and final all-gather), and reports ring / ddp against the 0.97 target of issue 14.
 
 Both sides train the same MLP (40 -> 256 -> 256 -> 10, SGD lr 0.05 momentum 0.9) on the same training
 set, 4 Horovod workers (Gloo on loopback), batch 32 per worker, no stragglers, the same number of
@@ -39,6 +43,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 WORKERS, BATCH, SEED, DATA_SEED = 4, 32, 0, 42
 HIDDEN, LR, MOMENTUM = [256, 256], 0.05, 0.9
 TARGET = 0.95  # the project's goal: ring reaches at least 95% of the plain loop's throughput
+DDP_TARGET = 0.97  # issue 14: ring >= 0.97 x Lightning's own DDP, no stragglers
 
 
 def dataset_size(steps: int) -> int:
@@ -121,13 +126,13 @@ def run_plain(opts: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # --- Lightning ring strategy through the package's train() ---------------------------------------
-def run_ring(opts: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
+def run_ring(opts: Dict[str, Any], out_dir: str, algorithm: str = "ring") -> Dict[str, Any]:
     from hydra import compose, initialize_config_dir
 
     from lightning_straggler.train import train
 
     overrides = [
-        "algorithm=ring", "straggler=none", "model=mlp", f"data={opts['data']}",
+        f"algorithm={algorithm}", "straggler=none", "model=mlp", f"data={opts['data']}",
         # conf/straggler/none.yaml emulates 1 ms/sample; use the same value as the plain loop
         f"straggler.device_ms_per_sample={opts['emulate_ms_per_sample']}",
         f"model.hidden=[{','.join(map(str, HIDDEN))}]", "model.optimizer=sgd", f"model.lr={LR}",
@@ -142,9 +147,9 @@ def run_ring(opts: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
     summary = train(cfg)
     expected = opts["steps"] * BATCH * WORKERS
     if summary["train_samples"] != expected:
-        raise RuntimeError(f"ring trained {summary['train_samples']} samples, expected {expected}")
+        raise RuntimeError(f"{algorithm} trained {summary['train_samples']} samples, expected {expected}")
     if summary["val_history"]:
-        raise RuntimeError("validation ran inside the ring's timed region; the comparison would be unfair")
+        raise RuntimeError(f"validation ran inside the {algorithm}'s timed region; the comparison would be unfair")
     return {"samples": summary["train_samples"], "seconds": summary["wall_s"],
             "throughput": summary["throughput_samples_per_s"], "launch_s": summary["launch_s"],
             "summary": os.path.join(out_dir, "summary.json")}
@@ -152,11 +157,15 @@ def run_ring(opts: Dict[str, Any], out_dir: str) -> Dict[str, Any]:
 
 # --- driver --------------------------------------------------------------------------------------
 def markdown_table(runs: List[Dict[str, Any]], med: Dict[str, float], ratio: float) -> str:
-    lines = ["| round | plain samples/s | ring samples/s | ring / plain |", "|---|---:|---:|---:|"]
+    ddp = "ddp" in med
+    lines = ["| round | plain samples/s | ring samples/s | ring / plain |" + (" ddp samples/s | ring / ddp |" if ddp else ""),
+             "|---|---:|---:|---:|" + ("---:|---:|" if ddp else "")]
     for r in sorted({run["round"] for run in runs}):
         t = {run["impl"]: run["throughput"] for run in runs if run["round"] == r}
-        lines.append(f"| {r} | {t['plain']:.0f} | {t['ring']:.0f} | {t['ring'] / t['plain']:.3f} |")
-    lines.append(f"| **median** | **{med['plain']:.0f}** | **{med['ring']:.0f}** | **{ratio:.3f}** |")
+        lines.append(f"| {r} | {t['plain']:.0f} | {t['ring']:.0f} | {t['ring'] / t['plain']:.3f} |"
+                     + (f" {t['ddp']:.0f} | {t['ring'] / t['ddp']:.3f} |" if ddp else ""))
+    lines.append(f"| **median** | **{med['plain']:.0f}** | **{med['ring']:.0f}** | **{ratio:.3f}** |"
+                 + (f" **{med['ddp']:.0f}** | **{med['ring'] / med['ddp']:.3f}** |" if ddp else ""))
     return "\n".join(lines)
 
 
@@ -168,6 +177,8 @@ def main(argv=None) -> Dict[str, Any]:
                     help="emulated device time: sleep this many ms per sample after backward (both sides)")
     ap.add_argument("--data", choices=("mnist1d", "synthetic"), default="mnist1d")
     ap.add_argument("--quick", action="store_true", help="smoke test: 30 steps, 1 round")
+    ap.add_argument("--ddp", action="store_true",
+                    help="also run Lightning's own DDPStrategy (algorithm=ddp) each round; report ring / ddp")
     ap.add_argument("--output", default=os.path.join(RESULTS, "ring_vs_plain.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -183,16 +194,18 @@ def main(argv=None) -> Dict[str, Any]:
             "num_samples": dataset_size(args.steps)}
     load_arrays(args.data, opts["num_samples"])  # generate and cache MNIST-1D once, before any timing
 
+    impls = ("plain", "ring", "ddp") if args.ddp else ("plain", "ring")
     runs: List[Dict[str, Any]] = []
     for r in range(1, args.repeats + 1):
-        for impl in ("plain", "ring"):  # alternate, so drift of the machine affects both alike
+        for impl in impls:  # alternate, so drift of the machine affects all alike
             print(f"[ring_vs_plain] round {r}/{args.repeats}: {impl} ({args.steps} steps)", flush=True)
-            res = run_plain(opts) if impl == "plain" else run_ring(opts, os.path.join(RESULTS, "ring_runs", f"round{r}"))
+            res = run_plain(opts) if impl == "plain" else run_ring(
+                opts, os.path.join(RESULTS, f"{impl}_runs", f"round{r}"), algorithm=impl)
             runs.append({"round": r, "impl": impl, **res})
             print(f"[ring_vs_plain] {impl}: {res['throughput']:.0f} samples/s "
                   f"({res['samples']} samples in {res['seconds']:.2f} s)", flush=True)
 
-    med = {impl: statistics.median(x["throughput"] for x in runs if x["impl"] == impl) for impl in ("plain", "ring")}
+    med = {impl: statistics.median(x["throughput"] for x in runs if x["impl"] == impl) for impl in impls}
     ratio = med["ring"] / med["plain"]
     import horovod
     import lightning
@@ -216,6 +229,9 @@ def main(argv=None) -> Dict[str, Any]:
         "target_ratio": TARGET,
         "meets_target": ratio >= TARGET,
     }
+    if args.ddp:
+        report.update(ratio_ring_over_ddp=med["ring"] / med["ddp"], ddp_target_ratio=DDP_TARGET,
+                      meets_ddp_target=med["ring"] / med["ddp"] >= DDP_TARGET)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(report, f, indent=2)
@@ -224,6 +240,9 @@ def main(argv=None) -> Dict[str, Any]:
     print(markdown_table(runs, med, ratio))
     print(f"\nring / plain = {ratio:.3f} (target >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'}); "
           f"results: {args.output}", flush=True)
+    if args.ddp:
+        print(f"ring / ddp = {report['ratio_ring_over_ddp']:.3f} (target >= {DDP_TARGET}: "
+              f"{'met' if report['meets_ddp_target'] else 'NOT met'})", flush=True)
     return report
 
 

@@ -1,6 +1,7 @@
-"""algorithm=ddp: Lightning's own DDPStrategy as the baseline of the main job.
+"""algorithm=ddp: Lightning's own DDPStrategy as the baseline of the main job and of benchmarks.matrix.
 
-In-process: the config group validates and bad values name the setting. One real run: ``python -m lightning_straggler.train algorithm=ddp`` with 2
+In-process: the config group validates and bad values name the setting; the matrix plans ddp cells and
+computes their ratios to ring. One real run: ``python -m lightning_straggler.train algorithm=ddp`` with 2
 workers and a few steps writes a complete summary.json."""
 from __future__ import annotations
 
@@ -40,6 +41,46 @@ def test_unknown_or_mistyped_ddp_keys_fail(compose):
         compose("algorithm=ddp", "algorithm.model_averaging_period=often")
     with pytest.raises(ConfigError, match="nonsense"):
         load_config({"algorithm": {"name": "ddp", "nonsense": 1}})
+
+
+# --- benchmarks.matrix ------------------------------------------------------------------------
+def test_matrix_plans_ddp_next_to_ring():
+    from benchmarks import matrix as m
+
+    a = m.parse_args(["--algorithms", "ddp", "--scenarios", "none", "transient4x", "--world-sizes", "4",
+                      "--seeds", "1", "--steps", "20"])
+    assert a.algorithms == ["ring", "ddp"]  # ring is always the reference
+    plan = m.Plan(a)
+    plan.build()
+    ddp = [c for c in plan.cells if c["algorithm"] == "ddp"]
+    assert len(ddp) == 2 and all("algorithm=ddp" in c["overrides"] for c in ddp)
+    assert {c["scenario"] for c in ddp} == {"none", "transient4x"}
+    # the same overrides as ring's run of the cell, but the algorithm
+    ring = {c["scenario"]: c for c in plan.cells if c["algorithm"] == "ring"}
+    for c in ddp:
+        assert [o for o in c["overrides"] if not o.startswith("algorithm=")] == \
+            [o for o in ring[c["scenario"]]["overrides"] if not o.startswith("algorithm=")]
+    assert "ddp" not in m.parse_args([]).algorithms  # opt-in: the default grid is unchanged
+    assert m.parse_run_name("ddp_none_N4_seed0")["algorithm"] == "ddp"
+
+
+def test_matrix_aggregates_ddp_ratios_to_ring():
+    from benchmarks import matrix as m
+
+    def summary(algo, thr, ttt):
+        per_rank = {str(r): {"steps": 10, "samples": 320, "comm_s": {"total": 0.2, "mean": 0.02},
+                             "wait_s": {"total": 0.0}, "compute_s": {"total": 1.0}} for r in range(2)}
+        return {"algorithm": algo, "world_size": 2, "throughput_samples_per_s": thr, "time_to_target_s": ttt,
+                "val_acc": 0.5, "wall_s": 1.0, "launch_s": 5.0, "train_samples": 640, "per_rank": per_rank,
+                "val_history": [], "timeline_png": None, "config": {"data": {"batch_size": 32}}}
+
+    runs = [{"algorithm": a, "scenario": "none", "world_size": 2, "seed": 0, "summary": summary(a, thr, ttt)}
+            for a, thr, ttt in (("ring", 600.0, 2.0), ("ddp", 500.0, 2.5))]
+    agg = m.aggregate(runs, {}, {})
+    cells = {c["algorithm"]: c for c in agg["cells"]}
+    assert [c["algorithm"] for c in agg["cells"]] == ["ring", "ddp"]
+    assert cells["ddp"]["throughput_ratio_to_ring"]["median"] == pytest.approx(500 / 600)
+    assert cells["ddp"]["ttt_ratio_to_ring"]["median"] == pytest.approx(1.25)
 
 
 # --- the real thing, tiny ----------------------------------------------------------------------
