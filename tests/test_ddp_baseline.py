@@ -1,8 +1,9 @@
 """algorithm=ddp: Lightning's own DDPStrategy as the baseline of the main job and of benchmarks.matrix.
 
 In-process: the config group validates and bad values name the setting; the matrix plans ddp cells and
-computes their ratios to ring. One real run: ``python -m lightning_straggler.train algorithm=ddp`` with 2
-workers and a few steps writes a complete summary.json."""
+computes their ratios to ring. Real runs (2 workers, a few steps): ``python -m lightning_straggler.train
+algorithm=ddp`` writes a complete summary.json; post-local SGD (model_averaging_period) lets the workers'
+parameters drift apart between averages."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import os
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from lightning.pytorch import Callback
 
 from lightning_straggler.config import ConfigError, load_config
 from lightning_straggler.summary import SUMMARY_KEYS
@@ -117,3 +119,45 @@ def test_ddp_two_workers_write_a_complete_summary(cli, tmp_path):
     assert "compute_s" in s["profiling"]["profiling"] and s["profiling"]["gradient_buckets_per_step"] == 1
     assert s["restarts"] == [] and s["timeline_png"] is None
     assert os.path.exists(out / "checkpoints" / "last.ckpt")
+
+
+
+class ParamsAgree(Callback):
+    """After every step, whether all ranks hold the same parameters; rank 0 writes the list to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.agree = path, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import torch
+        import torch.distributed as dist
+
+        flat = torch.cat([p.detach().reshape(-1) for p in pl_module.parameters()])
+        every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, flat)
+        self.agree.append(all(torch.equal(every[0], x) for x in every[1:]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank == 0:
+            with open(self.path, "w") as f:
+                json.dump(self.agree, f)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_post_local_sgd_workers_drift_apart_and_are_averaged_every_period(compose, tmp_path):
+    """model_averaging_period=3, warmup_steps=2: the first 2 steps all-reduce gradients (parameters equal),
+    then workers step alone (parameters differ) and are averaged every 3rd step (equal again)."""
+    from lightning_straggler.train import train
+
+    path = str(tmp_path / "agree.json")
+    cfg = compose("algorithm=ddp", "algorithm.model_averaging_period=3", "algorithm.warmup_steps=2",
+                  "trainer=quick", "trainer.devices=2", "trainer.max_steps=9", "trainer.val_check_interval=9",
+                  "data.num_samples=2000", "straggler=none", "profiler.plot=false", f"output_dir={tmp_path / 'run'}")
+    summary = train(cfg, callbacks=[ParamsAgree(path)])
+    assert summary["algorithm"] == "ddp" and summary["train_samples"] == 2 * 9 * 32
+    agree = json.loads(open(path).read())
+    print("parameters equal after each step:", agree)
+    # steps 0, 1: warm-up, plain DDP; from step 2 the averager runs at steps 2, 5, 8 (every 3rd from the
+    # warm-up's end) and the workers' own local steps in between leave them apart
+    assert agree == [True, True, True, False, False, True, False, False, True]
