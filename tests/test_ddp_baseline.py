@@ -161,3 +161,26 @@ def test_post_local_sgd_workers_drift_apart_and_are_averaged_every_period(compos
     # steps 0, 1: warm-up, plain DDP; from step 2 the averager runs at steps 2, 5, 8 (every 3rd from the
     # warm-up's end) and the workers' own local steps in between leave them apart
     assert agree == [True, True, True, False, False, True, False, False, True]
+
+
+class RaiseOnRank(Callback):
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"planted failure on rank {self.rank}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_raising_ddp_worker_ends_the_job_naming_its_rank(compose, tmp_path):
+    from lightning_straggler.launcher import WorkerFailure
+    from lightning_straggler.train import train
+
+    cfg = compose("algorithm=ddp", "trainer=quick", "trainer.devices=2", "trainer.max_steps=6",
+                  "data.num_samples=2000", "straggler=none", "profiler.plot=false", f"output_dir={tmp_path}")
+    with pytest.raises(WorkerFailure) as e:
+        train(cfg, callbacks=[RaiseOnRank(1, 2)])
+    assert e.value.kind == "raised" and e.value.rank == 1
+    assert "planted failure on rank 1" in str(e.value)
