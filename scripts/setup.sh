@@ -38,18 +38,39 @@ if ! have "torch==$TORCH_VERSION"; then
   "${PIP[@]}" install "torch==$TORCH_VERSION"
 fi
 
-if ! have "horovod==$HOROVOD_VERSION"; then
+# Horovod is built with this project's patches (scripts/patches/horovod-$HOROVOD_VERSION-*.patch, each
+# says what it fixes); the wheel's local version label (+lsNNNNNNNN, a hash of the patches) tells the
+# build apart from a stock one, here and at run time (lightning_straggler.comm.horovod.join_is_fixed).
+PATCHES=("$ROOT"/scripts/patches/horovod-"$HOROVOD_VERSION"-*.patch)
+[ -e "${PATCHES[0]}" ] || PATCHES=()
+LOCAL_VERSION=""
+if [ ${#PATCHES[@]} -gt 0 ]; then
+  LOCAL_VERSION="ls$(cat "${PATCHES[@]}" | sha1sum | cut -c1-8)"
+fi
+WANT_HOROVOD="$HOROVOD_VERSION${LOCAL_VERSION:++$LOCAL_VERSION}"
+installed_horovod() { "$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true; }
+
+if [ "$(installed_horovod)" != "$WANT_HOROVOD" ]; then
   mkdir -p "$WHEEL_CACHE"
   TAG="torch${TORCH_VERSION}-$("$PY" -c 'import sys;print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
   if command -v nvcc >/dev/null 2>&1 && "$PY" -c 'import torch,sys; sys.exit(0 if torch.version.cuda else 1)'; then
     TAG="$TAG-nccl"
   fi
   CACHED_DIR="$WHEEL_CACHE/$TAG"
-  if ! ls "$CACHED_DIR"/horovod-"$HOROVOD_VERSION"-*.whl >/dev/null 2>&1; then
-    log "building Horovod $HOROVOD_VERSION from source (about 7 minutes on 2 cores); wheel cached in $CACHED_DIR"
+  WHEEL_GLOB="horovod-$WANT_HOROVOD-*.whl"
+  if ! ls "$CACHED_DIR"/$WHEEL_GLOB >/dev/null 2>&1; then
+    log "building Horovod $WANT_HOROVOD from source (about 7 minutes on 2 cores); wheel cached in $CACHED_DIR"
     "${PIP[@]}" install numpy "cmake<5" wheel setuptools packaging
     BUILD_DIR="$(mktemp -d)"
     trap 'rm -rf "$BUILD_DIR"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary :all: -d "$BUILD_DIR/sdist" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$BUILD_DIR"/sdist/horovod-"$HOROVOD_VERSION".tar.gz -C "$BUILD_DIR"
+    SRC="$BUILD_DIR/horovod-$HOROVOD_VERSION"
+    for p in "${PATCHES[@]}"; do
+      log "applying $(basename "$p")"
+      if command -v patch >/dev/null 2>&1; then patch -s -p1 -d "$SRC" < "$p"; else (cd "$SRC" && git apply -p1 "$p"); fi
+    done
+    if [ -n "$LOCAL_VERSION" ]; then export HOROVOD_LOCAL_VERSION="$LOCAL_VERSION"; fi
     # Horovod hard-codes -std=c++14 for its torch extension; torch >= 2.1 needs C++17.
     # A compiler wrapper that appends -std=c++17 last wins over the earlier flag.
     cat > "$BUILD_DIR/cxx17" <<'SH'
@@ -64,14 +85,13 @@ SH
     export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
     if [[ "$TAG" == *-nccl ]]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
     export MAKEFLAGS="-j$(nproc)"
-    PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-build-isolation --no-deps \
-      -w "$BUILD_DIR/out" "horovod==$HOROVOD_VERSION"
+    PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$BUILD_DIR/out" "$SRC"
     mkdir -p "$CACHED_DIR"
     cp "$BUILD_DIR"/out/horovod-*.whl "$CACHED_DIR/"
   else
     log "using cached Horovod wheel from $CACHED_DIR"
   fi
-  "${PIP[@]}" install --no-deps "$CACHED_DIR"/horovod-"$HOROVOD_VERSION"-*.whl
+  "${PIP[@]}" install --no-deps --force-reinstall "$CACHED_DIR"/$WHEEL_GLOB
   # Horovod's own runtime dependencies (its wheel was installed with --no-deps).
   "${PIP[@]}" install cloudpickle psutil pyyaml packaging cffi
 fi

@@ -98,13 +98,35 @@ def test_allgather_among_returns_the_members_rows_in_order():
     assert comm.calls == [{"kind": "allreduce", "op": "sum", "tag": "reduce.among", "group": None}]
 
 
-def test_at_most_one_rank_is_out_of_the_group_above_4_ranks():
+def test_stock_horovod_allows_one_rank_out_above_4_ranks_the_fixed_build_any():
     from lightning_straggler.policies.dpar import DparThresholds
     from lightning_straggler.policies.group_floor import join_safe_floor, max_outside
+    from lightning_straggler.sim.awar import AwarPolicy
     from lightning_straggler.sim.dpar import DparPolicy
+    from lightning_straggler.policies.awar import AwarThresholds
 
-    assert [max_outside(n) for n in (1, 2, 4, 5, 8, 1024)] == [0, 1, 3, 1, 1, 1]
-    assert join_safe_floor(4, 2) == 2 and join_safe_floor(8, 4) == 7 and join_safe_floor(8, 8) == 8
-    # the simulator's dpar takes the same floor as DparStrategy.setup
-    assert DparPolicy(8, thresholds=DparThresholds(min_active=2)).thresholds.min_active == 7
-    assert DparPolicy(4, thresholds=DparThresholds(min_active=2)).thresholds.min_active == 2
+    assert [max_outside(n, join_fixed=False) for n in (1, 2, 4, 5, 8, 1024)] == [0, 1, 3, 1, 1, 1]
+    assert [max_outside(n, join_fixed=True) for n in (1, 2, 4, 5, 8, 1024)] == [0, 1, 3, 4, 7, 1023]
+    assert join_safe_floor(4, 2, False) == 2 and join_safe_floor(8, 4, False) == 7 and join_safe_floor(8, 8, False) == 8
+    assert join_safe_floor(8, 4, True) == 4 and join_safe_floor(8, 1, True) == 1
+    # the simulator takes the same floor as DparStrategy / AwarStrategy.setup, the fixed build by default
+    assert DparPolicy(8, thresholds=DparThresholds(min_active=2), join_fixed=False).thresholds.min_active == 7
+    assert DparPolicy(8, thresholds=DparThresholds(min_active=2)).thresholds.min_active == 2
+    assert DparPolicy(4, thresholds=DparThresholds(min_active=2), join_fixed=False).thresholds.min_active == 2
+    assert AwarPolicy(8, thresholds=AwarThresholds(min_group=2), join_fixed=False).thresholds.min_group == 7
+    assert AwarPolicy(8, thresholds=AwarThresholds(min_group=2)).thresholds.min_group == 2
+
+
+def test_the_installed_horovod_is_the_patched_build():
+    """scripts/setup.sh builds Horovod with scripts/patches/ and labels it; the strategies read the label."""
+    import hashlib
+    import importlib.metadata
+    import pathlib
+
+    from lightning_straggler.comm.horovod import HorovodCollectives, horovod_has_join_fix
+
+    patches = sorted(pathlib.Path(__file__).parent.parent.glob("scripts/patches/horovod-0.28.1-*.patch"))
+    assert patches, "no Horovod patches in scripts/patches"
+    label = "ls" + hashlib.sha1(b"".join(p.read_bytes() for p in patches)).hexdigest()[:8]
+    assert importlib.metadata.version("horovod") == f"0.28.1+{label}"
+    assert horovod_has_join_fix() and HorovodCollectives().join_is_fixed()

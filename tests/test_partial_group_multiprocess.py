@@ -43,6 +43,32 @@ def test_random_straggler_schedules_at_8_ranks_always_finish(name):
         assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
+def test_several_joined_ranks_at_8_ranks_sum_right_with_the_patched_horovod():
+    """The heap corruption of stock Horovod 0.28.1 (two or more joined ranks at 8) is gone: the probe of
+    benchmarks.join_safety checks every sum of the group's all-reduces while 2 and then 6 ranks are joined."""
+    from benchmarks.join_safety import main
+
+    assert main(["--world-size", "8", "--joined", "2", "--cycles", "4", "--timeout", "240"])
+    assert main(["--world-size", "8", "--joined", "6", "--cycles", "3", "--timeout", "240"])
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar"])
+def test_two_stragglers_at_once_leave_the_group_together_at_8_ranks(name):
+    """With the join fix more than one rank may be out at 8 workers: two permanent stragglers both leave;
+    everyone ends on one model."""
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(2, 12.0, 0, None), SlowdownEvent(5, 12.0, 0, None)]),
+                                 device_ms_per_sample=2.0)
+    kw = {"strikeout_ratio": 1000.0} if name == "dpar" else {}
+    strategy = _strategy(name, 4, **kw)
+    trainer = fit(make_model(), strategy, 8, 4, 16, callbacks=[injector, RankSpread()])
+    events = strategy.run_report["events"]
+    assert not [e for e in events if e["kind"] == "group_floor"], events
+    left = {e["rank"] for e in events if e["kind"] in ("transition", "classification")
+            and e.get("to_state", e.get("to")) in ("slow", "straggler")}
+    assert {2, 5} <= left, events
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
 class LogsInTrainingStep(Classifier):
     """Calls Lightning's reduce (mean and max) and all_gather on its rank number every training step and
     logs it with ``sync_dist=True``, as users do; counts the answers that are not what README promises

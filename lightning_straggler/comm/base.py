@@ -73,6 +73,11 @@ class Collectives(ABC):
     # has joined; so ranks that have not joined all-reduce among themselves over the world's ring, with
     # no process set to create and no collective of their own (Horovod's ``join``).
 
+    def join_is_fixed(self) -> bool:
+        """Whether several ranks may be joined at once (Horovod built with this project's join patch);
+        else more than one joined rank above 4 ranks corrupts memory (``policies.group_floor``)."""
+        return False
+
     def join(self) -> int:
         """Join and block until every rank has joined; returns the rank that joined last (same everywhere)."""
         raise NotImplementedError(f"{type(self).__name__} has no join(): dpar and awar need it")

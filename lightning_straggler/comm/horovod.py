@@ -9,6 +9,9 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
   use one stable name per (tag, group).
 - ``hvd.join()`` (world-level): a joined rank adds zeros to every all-reduce the others run until all
   have joined; ``dpar``/``awar`` build their partial group on it (no process set per group).
+- Stock Horovod 0.28.1 corrupts memory with two or more joined ranks at 8 ranks; ``scripts/setup.sh``
+  builds it with the fix (``scripts/patches/``) and marks the wheel with a local version label
+  (``0.28.1+ls<hash of the patches>``), which :meth:`HorovodCollectives.join_is_fixed` reads.
 - ``hvd.add_process_set`` is a collective over all ranks and raises for a rank list that already
   exists, so sets are created only through :meth:`ensure_groups` and cached by rank tuple.
 """
@@ -21,6 +24,17 @@ from lightning_straggler.comm.base import Collectives, Group, normalize_group
 from lightning_straggler.launcher import waiting  # the launcher's stall watchdog sees blocked collectives
 
 _OPS = ("mean", "avg", "sum", "max", "min", "product")
+
+
+def horovod_has_join_fix() -> bool:
+    """Whether the installed Horovod is this project's patched build (local version label ``+ls...``)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("horovod")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return "+ls" in version
 
 
 def _hvd():
@@ -153,6 +167,9 @@ class HorovodCollectives(Collectives):
         name, ps = self._name(tag, group)
         with waiting(name):
             return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
+
+    def join_is_fixed(self) -> bool:
+        return horovod_has_join_fix()
 
     def join(self) -> int:
         with waiting("join"):

@@ -44,12 +44,13 @@ class AwarPolicy(GroupPolicy):
     name = "awar"
 
     def __init__(self, world_size: int, period_steps: int = 20, thresholds: AwarThresholds | None = None,
-                 weighting: str = "updates") -> None:
+                 weighting: str = "updates", join_fixed: bool = True) -> None:
         self.window_steps = period_steps or 10**12  # 0: merges only at sync points, as the strategy
         self.thresholds = thresholds or AwarThresholds()
-        # as AwarStrategy.setup: no more ranks out of the group than join() allows
+        # as AwarStrategy.setup: no more ranks out of the group than join() allows (join_fixed: the
+        # Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1)
         self.thresholds = replace(self.thresholds, min_group=join_safe_floor(
-            world_size, self.thresholds.min_group_for(world_size)))
+            world_size, self.thresholds.min_group_for(world_size), join_fixed))
         self.thresholds.validate(world_size)
         self.weighting = weighting
         self.states = [NORMAL] * world_size

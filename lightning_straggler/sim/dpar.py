@@ -39,12 +39,14 @@ from lightning_straggler.sim.workload import Workload
 class DparPolicy(GroupPolicy):
     name = "dpar"
 
-    def __init__(self, world_size: int, window_steps: int = 20, thresholds: DparThresholds | None = None) -> None:
+    def __init__(self, world_size: int, window_steps: int = 20, thresholds: DparThresholds | None = None,
+                 join_fixed: bool = True) -> None:
         self.window_steps = window_steps
         self.thresholds = thresholds or DparThresholds()
-        # as DparStrategy.setup: no more ranks out of the group than join() allows
+        # as DparStrategy.setup: no more ranks out of the group than join() allows (join_fixed: the
+        # Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1)
         self.thresholds = replace(self.thresholds, min_active=join_safe_floor(
-            world_size, self.thresholds.min_active_for(world_size)))
+            world_size, self.thresholds.min_active_for(world_size), join_fixed))
         self.thresholds.validate(world_size)
         self.memory = DparMemory.initial(world_size)
         self.events: list[dict] = []

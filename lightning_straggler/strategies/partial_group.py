@@ -88,11 +88,13 @@ class PartialGroupStrategy(HorovodStrategy):
 
     def group_floor(self, configured: int) -> int:
         """``policies.group_floor.join_safe_floor``, logged when it raises the configured floor."""
-        floor = join_safe_floor(self.world_size, configured)
+        fixed = self.comm.join_is_fixed()
+        floor = join_safe_floor(self.world_size, configured, fixed)
         if floor > configured:
             self.record_event("group_floor", configured=configured, used=floor,
-                              note=f"at most {max_outside(self.world_size)} rank(s) out of the group at "
-                                   f"{self.world_size} workers: Horovod's join() is unsafe with more")
+                              note=f"at most {max_outside(self.world_size, fixed)} rank(s) out of the group at "
+                                   f"{self.world_size} workers: this Horovod's join() is unsafe with more "
+                                   "(stock 0.28.1; scripts/setup.sh builds it with the fix)")
         return floor
 
     def computes_outside_group(self, rank: int) -> bool:
