@@ -45,11 +45,11 @@ def test_random_straggler_schedules_at_8_ranks_always_finish(name):
 
 def test_several_joined_ranks_at_8_ranks_sum_right_with_the_patched_horovod():
     """The heap corruption of stock Horovod 0.28.1 (two or more joined ranks at 8) is gone: the probe of
-    benchmarks.join_safety checks every sum of the group's all-reduces while 2 and then 6 ranks are joined."""
+    benchmarks.join_safety checks every sum of the group's all-reduces while 3 ranks are joined (a seeded
+    choice per cycle; stock Horovod aborted in the first cycle)."""
     from benchmarks.join_safety import main
 
-    assert main(["--world-size", "8", "--joined", "2", "--cycles", "4", "--timeout", "240"])
-    assert main(["--world-size", "8", "--joined", "6", "--cycles", "3", "--timeout", "240"])
+    assert main(["--world-size", "8", "--joined", "3", "--cycles", "4", "--timeout", "240"])
 
 
 @pytest.mark.parametrize("name", ["dpar", "awar"])
