@@ -26,6 +26,25 @@ def test_unequal_batches_equal_one_single_process_step_on_the_global_batch():
     assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
+def test_bf16_mixed_unequal_batches_equal_one_single_process_bf16_step():
+    """precision="bf16-mixed" (CPU autocast) goes through boa's sample weighting like fp32 does: 2 ranks
+    with 12 and 20 samples take the single-process bf16 step on the 32 samples. bf16 rounds each matmul's
+    output, and a slice's sums round differently from the whole batch's, so the tolerance is bf16's, well
+    below how far the step moves the parameters."""
+    sizes = [12, 20]
+    perm = epoch_permutation(len(train_set()), 0, 0)
+    reference = make_model()
+    fit(reference, "auto", 1, sum(sizes), 1, sampler=perm, precision="bf16-mixed")
+    boa = make_model()
+    trainer = fit(boa, BoaStrategy(initial_batch_sizes=sizes, window_steps=0), 2, 16, 1, callbacks=[RankSpread()],
+                  precision="bf16-mixed")
+    moved = (flat_params(reference) - flat_params(make_model())).abs().max().item()
+    diff = (flat_params(boa) - flat_params(reference)).abs().max().item()
+    assert moved > 1e-2, moved
+    assert diff < moved / 50, (diff, moved)
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
 def test_rebalances_towards_fast_workers_under_a_static_mix():
     # ranks 2 and 3 are 2x and 4x slower (emulated device time 2 ms per sample x factor)
     injector = StragglerInjector(StaticSchedule([1.0, 1.0, 2.0, 4.0]), device_ms_per_sample=2.0)
