@@ -26,7 +26,6 @@ fairly with the others, and nothing that changes how DDP trains:
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
@@ -37,6 +36,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.optim import Optimizer
 
+from lightning_straggler.launcher import ResultsThroughFile
 from lightning_straggler.profiling import StepRecorder
 
 NONFINITE_POLICIES = ("error", "skip")
@@ -73,7 +73,7 @@ class TorchCollectives:
         return torch.cat([p[:k] for p, k in zip(parts, sizes_)])
 
 
-class _DDPLauncher(_MultiProcessingLauncher):
+class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
     """Lightning's spawn launcher; also hands rank 0's run report back (through a file, as ours does: the
     pipe Lightning uses blocks on payloads over 64 KiB), binds Gloo to loopback, and ends the job with a
     :class:`WorkerFailure` naming the rank when a worker fails or ``trainer.job_timeout_s`` runs out."""
@@ -124,23 +124,6 @@ class _DDPLauncher(_MultiProcessingLauncher):
         _die_with_parent()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
         super()._wrapping_function(process_idx, *args, **kwargs)
-
-    def get_extra_results(self, trainer) -> Dict[str, Any]:
-        extra = super().get_extra_results(trainer)
-        extra["run_report"] = self._strategy.run_report
-        fd, path = tempfile.mkstemp(prefix="lightning-straggler-results-", suffix=".pt")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(extra, f)
-        return {"results_path": path}
-
-    def update_main_process_results(self, trainer, extra: Dict[str, Any]) -> None:
-        path = extra["results_path"]
-        try:
-            extra = torch.load(path, weights_only=False)
-        finally:
-            os.remove(path)
-        super().update_main_process_results(trainer, extra)
-        self._strategy.run_report = extra.get("run_report", {})
 
 
 class DDPBaselineStrategy(DDPStrategy):

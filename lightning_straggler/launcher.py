@@ -351,7 +351,31 @@ def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) 
     return env
 
 
-class HorovodLauncher(_MultiProcessingLauncher):
+class ResultsThroughFile:
+    """For a spawning launcher (mixed in before Lightning's ``_MultiProcessingLauncher``): rank 0's
+    results, and the strategy's ``run_report``, reach the launching process through a temporary file."""
+
+    def get_extra_results(self, trainer) -> Dict[str, Any]:
+        # Lightning sends these through a pipe that the parent reads only after every worker has
+        # exited; a payload over the pipe's buffer (64 KiB) would block rank 0 forever. A file doesn't.
+        extra = super().get_extra_results(trainer)
+        extra["run_report"] = self._strategy.run_report
+        fd, path = tempfile.mkstemp(prefix="lightning-straggler-results-", suffix=".pt")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(extra, f)
+        return {"results_path": path}
+
+    def update_main_process_results(self, trainer, extra: Dict[str, Any]) -> None:
+        path = extra["results_path"]
+        try:
+            extra = torch.load(path, weights_only=False)
+        finally:
+            os.remove(path)
+        super().update_main_process_results(trainer, extra)
+        self._strategy.run_report = extra.get("run_report", {})
+
+
+class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
     """Spawns ``strategy.num_processes`` Horovod workers on this host and watches them: a worker that dies
     or raises, a collective stalled for ``stall_timeout_s`` or a job over ``job_timeout_s`` ends every
     worker within seconds and raises :class:`WorkerFailure` naming the rank and the cause."""
@@ -544,25 +568,6 @@ class HorovodLauncher(_MultiProcessingLauncher):
             raise
         finally:
             self._strategy.comm.shutdown()
-
-    def get_extra_results(self, trainer) -> Dict[str, Any]:
-        # Lightning sends these through a pipe that the parent reads only after every worker has
-        # exited; a payload over the pipe's buffer (64 KiB) would block rank 0 forever. A file doesn't.
-        extra = super().get_extra_results(trainer)
-        extra["run_report"] = self._strategy.run_report
-        fd, path = tempfile.mkstemp(prefix="lightning-straggler-results-", suffix=".pt")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(extra, f)
-        return {"results_path": path}
-
-    def update_main_process_results(self, trainer, extra: Dict[str, Any]) -> None:
-        path = extra["results_path"]
-        try:
-            extra = torch.load(path, weights_only=False)
-        finally:
-            os.remove(path)
-        super().update_main_process_results(trainer, extra)
-        self._strategy.run_report = extra.get("run_report", {})
 
 
 def _read_traceback(path: str) -> str:
