@@ -92,3 +92,72 @@ def test_cli_rejects_bad_input_before_starting_workers(cli):
     res = cli("algorithm=nope")
     assert res.returncode != 0
     assert "algorithm" in res.stderr and "ring" in res.stderr
+
+
+# --- one source of defaults: the schemas in config.py -------------------------------------------
+def _constructor_defaults(cls):
+    import inspect
+
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar", "boa", "dssync"])
+def test_strategy_constructor_defaults_are_the_config_schema_defaults(name):
+    from dataclasses import fields
+
+    from lightning_straggler.config import ALGORITHM_SCHEMAS
+    from lightning_straggler.strategies import STRATEGIES
+
+    cls = STRATEGIES[name][0]
+    defaults = _constructor_defaults(cls)
+    schema = ALGORITHM_SCHEMAS[name]
+    shared = [f for f in fields(schema) if f.name in defaults]
+    assert len(shared) == len(fields(schema)) - 1  # every setting but the name is a constructor argument
+    for f in shared:
+        assert defaults[f.name] == f.default, f"{cls.__name__}({f.name}=...) default differs from {schema.__name__}"
+
+
+def test_simulator_defaults_are_the_config_schema_defaults():
+    from lightning_straggler.config import AwarConfig, BoaConfig, DparConfig
+    from lightning_straggler.sim.awar import simulate_awar
+    from lightning_straggler.sim.boa import simulate_boa
+    from lightning_straggler.sim.dpar import simulate_dpar
+
+    for fn, schema in ((simulate_awar, AwarConfig), (simulate_dpar, DparConfig), (simulate_boa, BoaConfig)):
+        import inspect
+
+        for name, p in inspect.signature(fn).parameters.items():
+            if hasattr(schema, name) and p.default is not inspect.Parameter.empty:
+                assert p.default == getattr(schema, name), f"{fn.__name__}({name}=...) differs from {schema.__name__}"
+
+
+def test_train_yaml_target_acc_is_the_schema_default(compose):
+    from lightning_straggler.config import TrainConfig
+
+    assert load_config(compose()).target_acc == TrainConfig.target_acc
+
+
+def _awar_min_group_true():
+    from lightning_straggler.policies.awar import AwarThresholds
+
+    AwarThresholds(min_group=True).validate(4)  # a bool is not a group size
+
+
+def _boa_cap_below_floor():
+    from lightning_straggler.strategies import BoaStrategy
+
+    BoaStrategy(min_local_batch=8, max_local_batch=4)
+
+
+def _awar_period_true():
+    from lightning_straggler.strategies import AwarStrategy
+
+    AwarStrategy(period_steps=True)
+
+
+@pytest.mark.parametrize("make, setting", [(_awar_min_group_true, "min_group"), (_boa_cap_below_floor, "max_local_batch"),
+                                           (_awar_period_true, "period_steps")])
+def test_strategy_constructors_reject_what_the_schema_rejects(make, setting):
+    with pytest.raises(ValueError, match=setting):
+        make()

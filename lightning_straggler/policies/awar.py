@@ -25,6 +25,14 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 NORMAL, STRAGGLER = "normal", "straggler"
+
+
+def _is_int(x) -> bool:  # bool is an int subclass: min_group=True is a mistake, not 1
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 WEIGHTINGS = ("updates", "samples")
 
 
@@ -35,11 +43,11 @@ class AwarThresholds:
     min_group: int = 0
 
     def validate(self, world_size: int) -> None:
-        if not (math.isfinite(self.slow_ratio) and self.slow_ratio > 1.0):
+        if not (_is_real(self.slow_ratio) and math.isfinite(self.slow_ratio) and self.slow_ratio > 1.0):
             raise ValueError(f"slow_ratio must be a finite number > 1 (got {self.slow_ratio!r})")
-        if not (1.0 <= self.recover_ratio < self.slow_ratio):
+        if not (_is_real(self.recover_ratio) and 1.0 <= self.recover_ratio < self.slow_ratio):
             raise ValueError(f"recover_ratio must be in [1, slow_ratio) = [1, {self.slow_ratio}) (got {self.recover_ratio!r})")
-        if not (isinstance(self.min_group, int) and 0 <= self.min_group <= world_size):
+        if not (_is_int(self.min_group) and 0 <= self.min_group <= world_size):
             raise ValueError(f"min_group must be an integer in 0..{world_size} (0 = half, rounded up) (got {self.min_group!r})")
 
     def min_group_for(self, world_size: int) -> int:

@@ -24,6 +24,7 @@ from lightning_straggler.policies.awar import (
     average_weights,
     classify,
 )
+from lightning_straggler.config import AwarConfig
 from lightning_straggler.policies.group_floor import join_safe_floor
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
@@ -43,7 +44,7 @@ def _median_or_none(times: Sequence[float]) -> float | None:
 class AwarPolicy(GroupPolicy):
     name = "awar"
 
-    def __init__(self, world_size: int, period_steps: int = 20, thresholds: AwarThresholds | None = None,
+    def __init__(self, world_size: int, period_steps: int = AwarConfig.period_steps, thresholds: AwarThresholds | None = None,
                  weighting: str = "updates", join_fixed: bool = True) -> None:
         self.window_steps = period_steps or 10**12  # 0: merges only at sync points, as the strategy
         self.thresholds = thresholds or AwarThresholds()
@@ -89,8 +90,8 @@ def merge_s(network: Network, workload: Workload) -> float:
             + network.broadcast_object_s(n, workload.optimizer_state_bytes))
 
 
-def simulate_awar(workload: Workload, network: Network, period_steps: int = 20,
-                  thresholds: AwarThresholds | None = None, weighting: str = "updates") -> SimResult:
+def simulate_awar(workload: Workload, network: Network, period_steps: int = AwarConfig.period_steps,
+                  thresholds: AwarThresholds | None = None, weighting: str = AwarConfig.weighting) -> SimResult:
     policy = AwarPolicy(workload.world_size, period_steps, thresholds, weighting)
     result = simulate_partial_group(workload, network, policy, _median_or_none)
     result.notes = f"final group: {len(policy.group())} of {workload.world_size}"

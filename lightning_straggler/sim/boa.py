@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from lightning_straggler.config import BoaConfig
 from lightning_straggler.policies import boa as boa_policy
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
@@ -90,9 +91,10 @@ class _Allocations:
             self.sizes.append(np.asarray(sizes, dtype=np.int64))
 
 
-def simulate_boa(workload: Workload, network: Network, window_steps: int = 10, rebalance_gain: float = 0.05,
-                 history_windows: int = 3, global_batch: int = 0, min_local_batch: int = 1, max_local_batch: int = 0,
-                 tune_workers: bool = False, initial_batch_sizes: Sequence[int] | None = None,
+def simulate_boa(workload: Workload, network: Network, window_steps: int = BoaConfig.window_steps,
+                 rebalance_gain: float = BoaConfig.rebalance_gain, history_windows: int = BoaConfig.history_windows,
+                 global_batch: int = BoaConfig.global_batch, min_local_batch: int = BoaConfig.min_local_batch,
+                 max_local_batch: int = BoaConfig.max_local_batch, tune_workers: bool = BoaConfig.tune_workers, initial_batch_sizes: Sequence[int] | None = None,
                  on_decision: Callable[[int, dict], None] | None = None) -> SimResult:
     n, steps = workload.world_size, workload.steps
     ranks = np.arange(n)

@@ -25,6 +25,7 @@ from lightning_straggler.policies.dpar import (
     decide,
     window_median,
 )
+from lightning_straggler.config import DparConfig
 from lightning_straggler.policies.group_floor import join_safe_floor
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
@@ -39,7 +40,7 @@ from lightning_straggler.sim.workload import Workload
 class DparPolicy(GroupPolicy):
     name = "dpar"
 
-    def __init__(self, world_size: int, window_steps: int = 20, thresholds: DparThresholds | None = None,
+    def __init__(self, world_size: int, window_steps: int = DparConfig.window_steps, thresholds: DparThresholds | None = None,
                  join_fixed: bool = True) -> None:
         self.window_steps = window_steps
         self.thresholds = thresholds or DparThresholds()
@@ -81,7 +82,7 @@ def state_broadcast_s(network: Network, workload: Workload) -> float:
             + network.broadcast_object_s(n, workload.optimizer_state_bytes))
 
 
-def simulate_dpar(workload: Workload, network: Network, window_steps: int = 20,
+def simulate_dpar(workload: Workload, network: Network, window_steps: int = DparConfig.window_steps,
                   thresholds: DparThresholds | None = None) -> SimResult:
     policy = DparPolicy(workload.world_size, window_steps, thresholds)
     result = simulate_partial_group(workload, network, policy, window_median)

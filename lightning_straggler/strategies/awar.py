@@ -26,6 +26,7 @@ from typing import Any, List, Tuple
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_straggler.config import AwarConfig
 from lightning_straggler.policies.awar import NORMAL, STRAGGLER, WEIGHTINGS, AwarThresholds, average_weights, classify
 from lightning_straggler.strategies.partial_group import MEDIAN_COMPUTE, SAMPLES, STEPS, PartialGroupStrategy
 
@@ -35,9 +36,11 @@ EPOCH_ONLY = 10**12  # "window" length when merges happen only at epoch ends / v
 class AwarStrategy(PartialGroupStrategy):
     strategy_name = "awar"
 
-    def __init__(self, period_steps: int = 0, slow_ratio: float = 1.5, recover_ratio: float = 1.2,
-                 min_group: int = 0, weighting: str = "updates", **kwargs: Any) -> None:
-        if not isinstance(period_steps, int) or period_steps < 0:
+    # defaults: the config schema's (one source for Trainer(strategy=AwarStrategy()), Hydra and the simulator)
+    def __init__(self, period_steps: int = AwarConfig.period_steps, slow_ratio: float = AwarConfig.slow_ratio,
+                 recover_ratio: float = AwarConfig.recover_ratio, min_group: int = AwarConfig.min_group,
+                 weighting: str = AwarConfig.weighting, **kwargs: Any) -> None:
+        if not isinstance(period_steps, int) or isinstance(period_steps, bool) or period_steps < 0:
             raise ValueError(f"period_steps must be an integer >= 0 (0 = only at epoch ends) (got {period_steps!r})")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")

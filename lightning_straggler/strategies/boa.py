@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Sampler
 from typing_extensions import override
 
+from lightning_straggler.config import BoaConfig as B
 from lightning_straggler.policies import boa as boa_policy
 from lightning_straggler.policies.boa_schedule import AllocationSchedule, epoch_permutation, rank_slice
 from lightning_straggler.profiling import StepRecord
@@ -67,16 +68,21 @@ class BoaStrategy(HorovodStrategy):
     strategy_name = "boa"
     uses_subgroups = False
 
-    def __init__(self, global_batch: int = 0, min_local_batch: int = 1, max_local_batch: int = 0,
-                 window_steps: int = 10, rebalance_gain: float = 0.05, tune_workers: bool = False,
-                 history_windows: int = 3, initial_batch_sizes: Optional[Sequence[int]] = None, seed: int = 0,
-                 **kwargs) -> None:
+    # defaults: the config schema's (one source for Trainer(strategy=BoaStrategy()), Hydra and the simulator)
+    def __init__(self, global_batch: int = B.global_batch, min_local_batch: int = B.min_local_batch,
+                 max_local_batch: int = B.max_local_batch, window_steps: int = B.window_steps,
+                 rebalance_gain: float = B.rebalance_gain, tune_workers: bool = B.tune_workers,
+                 history_windows: int = B.history_windows, initial_batch_sizes: Optional[Sequence[int]] = None,
+                 seed: int = B.seed, **kwargs) -> None:
         super().__init__(**kwargs)
         for name, value, low in (("global_batch", global_batch, 0), ("min_local_batch", min_local_batch, 1),
                                  ("max_local_batch", max_local_batch, 0), ("window_steps", window_steps, 0),
                                  ("history_windows", history_windows, 1)):
-            if not isinstance(value, int) or value < low:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low} (got {value!r})")
+        if max_local_batch and max_local_batch < min_local_batch:
+            raise ValueError(f"max_local_batch must be 0 (no cap) or >= min_local_batch ({min_local_batch}) "
+                             f"(got {max_local_batch})")
         if rebalance_gain < 0:
             raise ValueError(f"rebalance_gain must be >= 0 (got {rebalance_gain})")
         self.global_batch, self.min_local_batch, self.max_local_batch = global_batch, min_local_batch, max_local_batch

@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 from typing_extensions import override
 
+from lightning_straggler.config import DparConfig as D
 from lightning_straggler.policies.dpar import ACTIVE, STRUCK_OUT, DparMemory, DparThresholds, decide
 from lightning_straggler.strategies.partial_group import LOCAL_STEPS, MEDIAN_COMPUTE, SAMPLES, PartialGroupStrategy
 
@@ -36,10 +37,12 @@ from lightning_straggler.strategies.partial_group import LOCAL_STEPS, MEDIAN_COM
 class DparStrategy(PartialGroupStrategy):
     strategy_name = "dpar"
 
-    def __init__(self, window_steps: int = 20, slow_ratio: float = 1.5, strikeout_ratio: float = 5.0,
-                 strikeout_windows: int = 3, readmit_ratio: float = 1.2, readmit_windows: int = 2,
-                 min_active: int = 0, data_penalty: float = 0.5, scale_lr: bool = False, reshard: bool = False,
-                 **kwargs: Any) -> None:
+    # defaults: the config schema's (one source for Trainer(strategy=DparStrategy()), Hydra and the simulator)
+    def __init__(self, window_steps: int = D.window_steps, slow_ratio: float = D.slow_ratio,
+                 strikeout_ratio: float = D.strikeout_ratio, strikeout_windows: int = D.strikeout_windows,
+                 readmit_ratio: float = D.readmit_ratio, readmit_windows: int = D.readmit_windows,
+                 min_active: int = D.min_active, data_penalty: float = D.data_penalty, scale_lr: bool = D.scale_lr,
+                 reshard: bool = D.reshard, **kwargs: Any) -> None:
         super().__init__(window_steps=window_steps, **kwargs)
         self.scale_lr, self.reshard = scale_lr, reshard
         self.thresholds = DparThresholds(slow_ratio=slow_ratio, strikeout_ratio=strikeout_ratio,

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.config import DSSyncConfig as C
 from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
 from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
@@ -32,9 +33,11 @@ class DSSyncStrategy(HorovodStrategy):
     strategy_name = "dssync"
     uses_subgroups = True
 
-    def __init__(self, group_size: int = 2, schedule: str = "butterfly", num_partitions: Optional[int] = None,
-                 seed: int = 0, sync: str = "params", global_every_steps: int = 0,
-                 global_at_epoch_end: bool = True, **kwargs) -> None:
+    # defaults: the config schema's (one source for Trainer(strategy=DSSyncStrategy()), Hydra and the simulator)
+    def __init__(self, group_size: int = C.group_size, schedule: str = C.schedule,
+                 num_partitions: Optional[int] = C.num_partitions, seed: int = C.seed, sync: str = C.sync,
+                 global_every_steps: int = C.global_every_steps, global_at_epoch_end: bool = C.global_at_epoch_end,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be an integer >= 1 (got {group_size!r})")
