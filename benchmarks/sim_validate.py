@@ -58,13 +58,20 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import statistics
 from typing import Any
 
 from benchmarks.matrix import ALGORITHMS, RUN_RE, SCENARIOS
-from lightning_straggler.sim import Network, Workload, simulate
+from lightning_straggler.sim import simulate
+from lightning_straggler.sim.calibration import (  # shared with lightning_straggler.advise
+    algorithm_settings,
+    calibration_constants,
+    mean_over_ranks,
+    network_for,
+    positions,
+    workload_for,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -91,10 +98,6 @@ def load_runs(roots: list[str]) -> list[dict[str, Any]]:
     return runs
 
 
-def positions(s: dict[str, Any]) -> int:
-    return max(int(r["steps"]) for r in s["per_rank"].values())
-
-
 def model_key(s: dict[str, Any]) -> str:
     m, d = s["config"]["model"], s["config"]["data"]
     return f"{m['name']}{m.get('hidden')}/{d['name']}/b{d['batch_size']}"
@@ -112,90 +115,7 @@ def scenario_label(cfg: dict[str, Any]) -> str:
     return "none"
 
 
-def mean_over_ranks(s: dict[str, Any], fn) -> float:
-    return statistics.mean(fn(r) for r in s["per_rank"].values() if r.get("steps"))
-
-
-def local_batch(s: dict[str, Any]) -> int:
-    return int(s["config"]["data"]["batch_size"])
-
-
-def epoch_and_validation(s: dict[str, Any]) -> tuple[int, int]:
-    cfg, n = s["config"], int(s["world_size"])
-    data, trainer = cfg["data"], cfg["trainer"]
-    global_batch = int(cfg["algorithm"].get("global_batch") or 0) or n * local_batch(s)
-    per_epoch = max(1, int(0.8 * data["num_samples"]) // global_batch)  # 80% train split, drop_last
-    v = trainer.get("val_check_interval", 1.0)
-    val_every = int(per_epoch * v) if isinstance(v, float) and v <= 1.0 else int(v)
-    return per_epoch, max(1, val_every)
-
-
 # --- calibration -----------------------------------------------------------------------------------
-def calibration_constants(s: dict[str, Any]) -> dict[str, float]:
-    n, b = int(s["world_size"]), local_batch(s)
-    device_s = float(s["config"]["straggler"].get("device_ms_per_sample", 0.0)) / 1e3
-    compute = mean_over_ranks(s, lambda r: r["compute_s"]["mean"])
-    jitter = mean_over_ranks(s, lambda r: math.log(max(r["compute_s"]["p95"], 1e-9) / max(r["compute_s"]["p50"], 1e-9)) / 1.645)
-    t_ar = mean_over_ranks(s, lambda r: r["comm_s"]["total"] / r["steps"])  # already net of waiting
-    consts = {"overhead_s": max(0.0, compute - device_s * b), "jitter_cv": max(0.0, jitter),
-              "alpha_s": t_ar / (2 * (n - 1)) if n > 1 else 0.0, "control_op_s": 0.0}
-    probe = workload_for(s, consts | {"loop_overhead_s": 0.0})
-    ring_step = simulate("ring", probe, network_for(consts)).wall_s / probe.steps
-    consts["loop_overhead_s"] = max(0.0, float(s["wall_s"]) / positions(s) - ring_step)
-    return consts
-
-
-def network_for(consts: dict[str, float]) -> Network:
-    return Network("calibrated", consts["alpha_s"], 0.0, consts.get("control_op_s", 0.0))
-
-
-def model_size(s: dict[str, Any]) -> tuple[float, int, float]:
-    """(parameter bytes, state_dict tensors, parameters + optimizer state bytes) of the run's model:
-    an MLP features -> hidden... -> classes, float32, a weight and a bias per layer; SGD with
-    momentum keeps one buffer per parameter. Other models: 1 MB, 1 tensor, 2 MB."""
-    m, d = s["config"]["model"], s["config"]["data"]
-    if m.get("name") != "mlp" or "features" not in d or "classes" not in d:
-        return 1e6, 1, 2e6
-    widths = [int(d["features"]), *(int(h) for h in (m.get("hidden") or [])), int(d["classes"])]
-    params = sum(a * b + b for a, b in zip(widths, widths[1:]))
-    momentum = m.get("optimizer", "sgd") != "sgd" or float(m.get("momentum", 0.0)) > 0
-    return 4.0 * params, 2 * (len(widths) - 1), 4.0 * params * (2 if momentum else 1)
-
-
-def workload_for(s: dict[str, Any], consts: dict[str, float]) -> Workload:
-    per_epoch, val_every = epoch_and_validation(s)
-    straggler = dict(s["config"]["straggler"])
-    grad_bytes, tensors, state_bytes = model_size(s)
-    return Workload(world_size=int(s["world_size"]), batch_per_worker=local_batch(s),
-                    per_sample_s=float(straggler.get("device_ms_per_sample", 0.0)) / 1e3,
-                    overhead_s=consts["overhead_s"], loop_overhead_s=consts["loop_overhead_s"], steps=positions(s),
-                    grad_bytes=grad_bytes, state_tensors=tensors, state_bytes=state_bytes, straggler=straggler,
-                    jitter_cv=consts["jitter_cv"], seed=int(s["config"].get("seed", 0)),
-                    steps_per_epoch=per_epoch, val_every_steps=val_every)
-
-
-def algorithm_settings(s: dict[str, Any]) -> dict[str, Any]:
-    from lightning_straggler.policies.awar import AwarThresholds
-    from lightning_straggler.policies.dpar import DparThresholds
-
-    a, name = dict(s["config"]["algorithm"]), s["algorithm"]
-    if name == "dpar":
-        keys = ("slow_ratio", "strikeout_ratio", "strikeout_windows", "readmit_ratio", "readmit_windows", "min_active",
-                "data_penalty")
-        return {"window_steps": a["window_steps"], "thresholds": DparThresholds(**{k: a[k] for k in keys if k in a})}
-    if name == "awar":
-        return {"period_steps": a["period_steps"], "weighting": a.get("weighting", "updates"),
-                "thresholds": AwarThresholds(a["slow_ratio"], a["recover_ratio"], a["min_group"])}
-    if name == "boa":
-        keys = ("window_steps", "rebalance_gain", "history_windows", "global_batch", "min_local_batch",
-                "max_local_batch", "tune_workers", "initial_batch_sizes")
-        return {k: a[k] for k in keys if k in a}
-    if name == "dssync":
-        keys = ("group_size", "schedule", "num_partitions", "seed", "global_every_steps")
-        return {k: a[k] for k in keys if k in a}
-    return {}
-
-
 def is_none_run(s: dict[str, Any]) -> bool:
     return s["config"]["straggler"].get("scenario", "none") == "none"
 

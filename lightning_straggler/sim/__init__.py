@@ -33,6 +33,7 @@ from lightning_straggler.sim.network import (
 from lightning_straggler.sim.result import SimResult, ideal_throughput
 from lightning_straggler.sim.ring import simulate_ring
 from lightning_straggler.sim.workload import (
+    MatrixSchedule,
     Workload,
     factor_matrix,
     schedule_from_config,
@@ -60,6 +61,7 @@ __all__ = [
     "ETHERNET_25G",
     "FREE",
     "INFINIBAND_200G",
+    "MatrixSchedule",
     "PRESETS",
     "SIMULATORS",
     "Network",

@@ -31,6 +31,28 @@ from lightning_straggler.policies import injection as inj
 ScheduleLike = Union[inj.StragglerSchedule, Mapping[str, Any], None]
 
 
+class MatrixSchedule(inj.StragglerSchedule):
+    """Factors given as a [rank, step] matrix, e.g. measured compute times relative to a full-speed step
+    (``lightning_straggler.advise`` replays a run from its ``step_times.csv.gz`` this way). Steps past the
+    matrix take its last column; ranks past it run at 1.0."""
+
+    scenario = "measured"
+
+    def __init__(self, matrix) -> None:
+        m = np.asarray(matrix, dtype=float)
+        if m.ndim != 2 or m.shape[1] < 1 or not np.all(np.isfinite(m)) or np.any(m <= 0):
+            raise ValueError(f"a factor matrix must be 2-D [rank, step] with finite factors > 0 (shape {m.shape})")
+        self.matrix = m
+
+    def factor(self, rank: int, step: int) -> float:
+        if rank >= self.matrix.shape[0] or step < 0:
+            return 1.0
+        return float(self.matrix[rank, min(step, self.matrix.shape[1] - 1)])
+
+    def describe(self) -> dict:
+        return {"scenario": self.scenario, "shape": list(self.matrix.shape)}
+
+
 def schedule_from_config(straggler: ScheduleLike) -> inj.StragglerSchedule:
     """A schedule object from a ``straggler`` config dict (``conf/straggler/*.yaml``, or the
     ``config.straggler`` of a summary.json), or the object itself. Built by the project's own
@@ -57,6 +79,12 @@ def factor_matrix(schedule: inj.StragglerSchedule, world_size: int, steps: int) 
     """
     out = np.ones((world_size, steps))
     if type(schedule) is inj.StragglerSchedule:
+        return out
+    if isinstance(schedule, MatrixSchedule):
+        m = schedule.matrix
+        k, cols = min(world_size, m.shape[0]), min(steps, m.shape[1])
+        out[:k, :cols] = m[:k, :cols]
+        out[:k, cols:] = m[:k, -1:]
         return out
     if isinstance(schedule, inj.StaticSchedule):
         k = min(world_size, len(schedule.factors))
