@@ -6,7 +6,7 @@ throughput_samples_per_s (train_samples / wall_s), val_acc (last validation), ta
 time_to_target_s (training time at the first validation with val_acc >= target_acc, else null),
 val_history, per_rank (compute_s / comm_s / wait_s each with mean, p50, p95, total; steps; samples),
 events (membership and decision changes; empty for ring), emulated (what was emulated), timeline_png,
-config (the resolved configuration); only for ``ddp``: profiling (how its launch and the compute / comm
+step_times (the file of every rank's every step, ``profiling.write_step_times``; null when none), config (the resolved configuration); only for ``ddp``: profiling (how its launch and the compute / comm
 split were measured, and what that split cannot separate).
 """
 from __future__ import annotations
@@ -50,6 +50,7 @@ def build_summary(algorithm: str, world_size: int, report: Dict[str, Any], total
         "events": report.get("events", []),
         "emulated": report.get("emulated", {"device_time": "none", "slowdown": "none"}),
         "timeline_png": profile.get("timeline_png"),
+        "step_times": profile.get("step_times"),
         "config": config,
         **({"profiling": report["profiling"]} if "profiling" in report else {}),
     }

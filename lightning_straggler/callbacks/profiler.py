@@ -15,7 +15,16 @@ from typing import Any, Dict, List, Optional
 import torch
 from lightning.pytorch import Callback
 
-from lightning_straggler.profiling import COLUMNS, StepRecord, format_table, plot_timeline, summarise, split_wait
+from lightning_straggler.profiling import (
+    COLUMNS,
+    STEP_TIMES_FILE,
+    StepRecord,
+    format_table,
+    plot_timeline,
+    split_wait,
+    summarise,
+    write_step_times,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +110,12 @@ class WorkerProfiler(Callback):
             "per_rank": {str(k): v for k, v in per_rank.items()},
             "val_history": list(self.val_history),
             "timeline_png": None,
+            "step_times": None,
         }
         out = self.output_dir or trainer.default_root_dir
+        if self.records:  # every rank's every step, for the advisor (lightning_straggler.advise)
+            os.makedirs(out, exist_ok=True)
+            report["step_times"] = write_step_times(self.records, os.path.join(out, STEP_TIMES_FILE))
         if self.plot and self.records:
             os.makedirs(out, exist_ok=True)
             report["timeline_png"] = plot_timeline(
