@@ -45,7 +45,8 @@ def epoch_and_validation(s: dict[str, Any]) -> tuple[int, int]:
 
 def calibration_constants(s: dict[str, Any], factors=None, base_compute_s: float | None = None,
                           per_sample_s: float | None = None, allreduce_s: float | None = None,
-                          fit_on: str = "ring", fit_settings: dict[str, Any] | None = None) -> dict[str, float]:
+                          fit_on: str = "ring", fit_settings: dict[str, Any] | None = None,
+                          jitter_cv: float = 0.0) -> dict[str, float]:
     """The simulator's constants for run ``s`` (rules: ``benchmarks/sim_validate.py``'s docstring).
 
     Without ``factors``: from the run's per-rank summary (meant for a no-straggler run). With measured
@@ -53,14 +54,15 @@ def calibration_constants(s: dict[str, Any], factors=None, base_compute_s: float
     split into ``per_sample_s`` x batch (default: the emulated device time per sample) and a fixed
     ``overhead_s``; ``allreduce_s`` overrides the all-reduce time per step (default: mean over ranks of
     comm_s.total / steps); the loop overhead is fitted by simulating the run's own algorithm ``fit_on``
-    (with ``fit_settings``) so that its replay takes the measured wall time."""
+    (with ``fit_settings``) so that its replay takes the measured wall time; ``jitter_cv`` is applied on
+    top of ``factors`` (0 for measured times, which carry their own jitter)."""
     n, b = int(s["world_size"]), local_batch(s)
     device_s = float(s["config"]["straggler"].get("device_ms_per_sample", 0.0)) / 1e3
     if factors is None:
         compute = mean_over_ranks(s, lambda r: r["compute_s"]["mean"])
         jitter = mean_over_ranks(s, lambda r: math.log(max(r["compute_s"]["p95"], 1e-9) / max(r["compute_s"]["p50"], 1e-9)) / 1.645)
     else:
-        compute, jitter = float(base_compute_s), 0.0  # the measured times carry their own jitter
+        compute, jitter = float(base_compute_s), float(jitter_cv)
     t_ar = mean_over_ranks(s, lambda r: r["comm_s"]["total"] / r["steps"]) if allreduce_s is None else allreduce_s
     consts = {"overhead_s": max(0.0, compute - device_s * b), "jitter_cv": max(0.0, jitter),
               "alpha_s": t_ar / (2 * (n - 1)) if n > 1 else 0.0, "control_op_s": 0.0}
