@@ -355,6 +355,7 @@ class TrainConfig:
     seed: int = 0
     target_acc: float = 0.5  # as conf/train.yaml
     output_dir: Optional[str] = None  # default: Hydra's run directory, else the working directory
+    advise: bool = False  # print the advisor's recommendation at the end (python -m lightning_straggler.advise)
 
     def validate(self) -> None:
         self.model.validate()

@@ -195,6 +195,14 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
     print(f"[lightning-straggler] summary: {path}", flush=True)
     if summary.get("timeline_png"):
         print(f"[lightning-straggler] timeline: {summary['timeline_png']}", flush=True)
+    if cfg.advise:  # the advisor's verdict on this run (python -m lightning_straggler.advise OUT for the table)
+        from lightning_straggler.advise import AdviseError, advise, recommendation_line
+
+        try:
+            print(f"[lightning-straggler] advise: {recommendation_line(advise(out))} "
+                  f"(table: python -m lightning_straggler.advise {out})", flush=True)
+        except AdviseError as e:
+            print(f"[lightning-straggler] advise: {e}", flush=True)
     return summary
 
 

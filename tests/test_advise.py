@@ -1,0 +1,212 @@
+"""The advisor (``python -m lightning_straggler.advise RUN_DIR``).
+
+In one process: synthetic run directories (summary.json + step_times.csv.gz written by the profiler's
+own writer) whose compute times follow known factors; the advisor's table is checked against the
+simulator run independently here on the generating constants. One end-to-end test runs a real 2-worker
+main job with ``advise=true`` and then the command on its output directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from lightning_straggler import advise as adv
+from lightning_straggler.config import load_config
+from lightning_straggler.profiling import STEP_TIMES_FILE, StepRecord, summarise, write_step_times
+from lightning_straggler.sim import MatrixSchedule, Network, simulate
+from lightning_straggler.sim.calibration import workload_for
+
+N, STEPS, BATCH = 4, 120, 32
+DEVICE_MS = 2.0  # emulated device time per sample
+OVERHEAD_S = 0.010  # the rest of a full-speed step
+ALLREDUCE_S = 0.002  # per step, over all N
+LOOP_S = 0.015  # per step, outside compute and transfer
+
+
+def _config(world: int) -> dict:
+    cfg = load_config({"algorithm": {"name": "ring"}, "trainer": {"devices": world, "max_steps": STEPS},
+                       "straggler": {"scenario": "none", "device_ms_per_sample": DEVICE_MS}, "profiler": {"plot": False}})
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def _truth(summary: dict, factors: np.ndarray):
+    """The generating constants as the simulator takes them (not the advisor's calibration)."""
+    n = factors.shape[0]
+    consts = {"overhead_s": OVERHEAD_S, "per_sample_s": DEVICE_MS / 1e3, "jitter_cv": 0.0,
+              "loop_overhead_s": LOOP_S, "alpha_s": ALLREDUCE_S / (2 * (n - 1)) if n > 1 else 0.0, "control_op_s": 0.0}
+    return workload_for(summary, consts, factors), Network("truth", consts["alpha_s"], 0.0, 0.0)
+
+
+def make_run(path, factors: np.ndarray, world: int = N) -> str:
+    """A ring run whose rank r computed factors[r, s] x a full-speed step at step s, all-reduced in
+    ALLREDUCE_S and spent LOOP_S per step besides; wall_s is what the simulator's ring takes for that."""
+    os.makedirs(path, exist_ok=True)
+    full = OVERHEAD_S + DEVICE_MS / 1e3 * BATCH
+    records, t = [], 1.7e9
+    for s in range(factors.shape[1]):
+        compute = factors[:, s] * full
+        slowest = compute.max()
+        for r in range(world):
+            records.append(StepRecord(r, s, t, float(compute[r]), float(slowest - compute[r] + ALLREDUCE_S), BATCH, 0))
+        t += slowest + ALLREDUCE_S + LOOP_S
+    summary = {"algorithm": "ring", "world_size": world, "config": _config(world),
+               "per_rank": {str(k): v for k, v in summarise(records).items()}}
+    workload, network = _truth(summary, factors)
+    ring = simulate("ring", workload, network)
+    summary |= {"wall_s": ring.wall_s, "train_samples": ring.train_samples,
+                "throughput_samples_per_s": ring.throughput_samples_per_s}
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    write_step_times(records, os.path.join(path, STEP_TIMES_FILE))
+    return str(path)
+
+
+def persistent(rank=3, factor=4.0):
+    f = np.ones((N, STEPS))
+    f[rank] = factor
+    return f
+
+
+def transient(rank=2, factor=4.0, start=40, end=80):
+    f = np.ones((N, STEPS))
+    f[rank, start:end] = factor
+    return f
+
+
+def _expected(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return summary
+
+
+def test_persistent_straggler_table_matches_the_simulator_and_recommends_the_fastest(tmp_path):
+    factors = persistent()
+    run = make_run(tmp_path / "run", factors)
+    a = adv.advise(run)
+    workload, network = _truth(_expected(run), factors)
+    independent = {name: simulate(name, workload, network, **adv.default_settings(name, _expected(run)))
+                   for name in adv.STRATEGIES}
+    table = {r["strategy"]: r for r in a["table"]}
+    for name, res in independent.items():
+        assert table[name]["predicted_samples_per_s"] == pytest.approx(res.throughput_samples_per_s, rel=1e-6)
+        assert table[name]["efficiency"] == pytest.approx(res.efficiency, rel=1e-6)
+    fastest = max(independent, key=lambda k: independent[k].throughput_samples_per_s)
+    assert fastest in ("boa", "dpar")
+    assert a["recommended"] == fastest and a["override"] == f"algorithm={fastest}"
+    text = adv.format_advice(a)
+    for name, res in independent.items():  # the printed table carries the simulator's numbers
+        assert f"{res.throughput_samples_per_s:,.0f}" in text
+    assert f"python -m lightning_straggler.train algorithm={fastest}" in text
+    assert "rank 3 was 4.0x slower in 100% of steps: persistent" in text
+    assert [c["kind"] for c in a["stragglers"]] == ["none", "none", "none", "persistent"]
+    # the replay of the measured ring run is its measurement (the loop overhead is fitted on it)
+    assert a["replayed_own_samples_per_s"] == pytest.approx(a["measured_samples_per_s"], rel=1e-6)
+
+
+def test_transient_straggler_is_classified_transient(tmp_path):
+    a = adv.advise(make_run(tmp_path / "run", transient(start=40, end=80)))
+    kinds = {c["rank"]: c for c in a["stragglers"]}
+    assert kinds[2]["kind"] == "transient" and kinds[2]["episodes"] == [[40, 80]]
+    assert kinds[2]["slowdown"] == pytest.approx(4.0)
+    assert all(kinds[r]["kind"] == "none" for r in (0, 1, 3))
+    assert "rank 2 was 4.0x slower in steps 40-79 (33% of steps, one stretch): transient" in adv.format_advice(a)
+
+
+def test_scattered_episodes_are_classified_random(tmp_path):
+    f = np.ones((N, STEPS))
+    f[1, 10:20] = f[1, 50:58] = f[1, 95:110] = 3.0
+    kinds = {c["rank"]: c["kind"] for c in adv.advise(make_run(tmp_path / "run", f))["stragglers"]}
+    assert kinds == {0: "none", 1: "random", 2: "none", 3: "none"}
+
+
+def test_no_straggler_keeps_ring(tmp_path):
+    rng = np.random.default_rng(0)
+    factors = np.exp(rng.normal(0.0, 0.03, (N, STEPS)))  # a few percent of noise, nobody slow
+    a = adv.advise(make_run(tmp_path / "run", factors))
+    assert all(c["kind"] == "none" for c in a["stragglers"])
+    assert a["recommended"] == "ring" and a["override"] == "algorithm=ring"
+    best = max(a["table"], key=lambda r: r["predicted_samples_per_s"])
+    assert best["strategy"] == "ring" or best["vs_ring"] <= 1 + a["min_gain"]
+    assert adv.recommendation_line(a).startswith("Recommendation: ring (keep algorithm=ring)")
+
+
+def test_validation_error_is_read_from_the_file_or_unknown(tmp_path):
+    cells = [{"run": f"r{i}", "status": "predicted", "superseded": False, "ring_only_error": e, "error": e}
+             for i, e in enumerate([0.10, -0.20, 0.05])]
+    cells.append({"run": "cal", "status": "calibration", "superseded": False, "ring_only_error": 0.0})
+    path = tmp_path / "sim_validate.json"
+    path.write_text(json.dumps({"cells": cells}))
+    v = adv.validation_error([str(path)])
+    assert v["known"] and v["runs"] == 3 and v["within_15"] == 2
+    assert v["median_abs"] == pytest.approx(0.10) and v["worst"] == pytest.approx(-0.20)
+    assert "median |error| 10.0%, 2 of 3 within ±15%, worst -20.0%" in adv.validation_line(v)
+    unknown = adv.validation_error([str(tmp_path / "absent.json")])
+    assert not unknown["known"] and "Prediction error: unknown" in adv.validation_line(unknown)
+
+
+def test_committed_validation_is_what_the_report_prints(tmp_path):
+    a = adv.advise(make_run(tmp_path / "run", persistent()))
+    assert adv.validation_line(adv.validation_error()) in adv.format_advice(a)
+
+
+def test_missing_summary_one_worker_and_no_step_times_are_named(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(adv.AdviseError, match="no summary.json"):
+        adv.advise(str(empty))
+    with pytest.raises(adv.AdviseError, match="not a directory"):
+        adv.advise(str(tmp_path / "nowhere"))
+    one = make_run(tmp_path / "one", np.ones((1, STEPS)), world=1)
+    with pytest.raises(adv.AdviseError, match="1 worker"):
+        adv.advise(one)
+    run = make_run(tmp_path / "run", persistent())
+    os.remove(os.path.join(run, STEP_TIMES_FILE))
+    with pytest.raises(adv.AdviseError, match="no step_times.csv.gz"):
+        adv.advise(run, source="step_times")
+    # the command says so and exits 2
+    assert adv.main([str(empty)]) == 2
+
+
+def test_run_without_step_times_replays_the_configured_schedule_and_says_so(tmp_path):
+    run = make_run(tmp_path / "run", persistent(factor=4.0))
+    os.remove(os.path.join(run, STEP_TIMES_FILE))
+    summary = _expected(run)
+    summary["config"]["straggler"] = {**summary["config"]["straggler"], "scenario": "transient",
+                                      "events": [{"rank": 3, "factor": 4.0, "start_step": 0, "end_step": None}]}
+    with open(os.path.join(run, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    a = adv.advise(run)
+    assert a["source"] == "schedule"
+    assert [c["kind"] for c in a["stragglers"]] == ["none", "none", "none", "persistent"]
+    assert any("no step_times.csv.gz" in c for c in a["caveats"])
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = make_run(tmp_path / "run", transient())
+    path = adv.plot(run)
+    assert os.path.getsize(path) > 1000 and path.endswith("advise.png")
+
+
+def test_end_to_end_two_workers_then_the_command(cli, tmp_path):
+    out = tmp_path / "job"
+    p = cli("trainer=quick", "trainer.devices=2", "trainer.max_steps=30", "algorithm=ring", "straggler=transient",
+            "straggler.events=[{rank:1,factor:4.0,start_step:8,end_step:22}]", "straggler.device_ms_per_sample=2.0",
+            "profiler.plot=false", "advise=true", f"output_dir={out}", f"hydra.run.dir={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert os.path.exists(out / STEP_TIMES_FILE)
+    assert "Recommendation:" in p.stdout  # the optional line at the end of the main job
+    r = subprocess.run([sys.executable, "-m", "lightning_straggler.advise", str(out), "--json", str(tmp_path / "a.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert [row["strategy"] for row in a["table"]] == list(adv.STRATEGIES)
+    assert a["source"] == "step_times" and a["world_size"] == 2 and a["steps"] == 30
+    assert a["recommended"] in adv.STRATEGIES and f"algorithm={a['recommended']}" in r.stdout
+    assert "Prediction error" in r.stdout and "What this run cannot tell" in r.stdout
