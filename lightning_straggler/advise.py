@@ -62,9 +62,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALIDATION_GLOB = os.path.join(ROOT, "benchmarks", "results", "**", "sim_validate.json")
 SLOW_RATIO = 1.5  # a rank is slow at a step when its (smoothed) compute is this many times the fastest rank's
 PERSISTENT_SHARE = 0.8  # slow in at least this share of the steps: persistent
-MIN_EPISODE = 3  # steps; shorter slow stretches are noise
-MERGE_GAP = 2  # slow stretches this close are one episode
 SMOOTH = 5  # steps of the rolling median the classification looks at
+MIN_EPISODE = SMOOTH  # steps; shorter slow stretches are noise (a burst of load, a validation)
+MERGE_GAP = 2  # slow stretches this close are one episode
 
 
 class AdviseError(ValueError):
@@ -290,36 +290,75 @@ def replay(s: dict[str, Any], m: Measured) -> tuple[dict[str, float], Any, Any, 
 
 
 # --- the validation's error -----------------------------------------------------------------------------
+def _md_runs(path: str) -> dict[str, dict[str, float]]:
+    """The per-run table of a ``sim_validate.md``: {run: {ring_only_error, error}} of its predicted,
+    not superseded rows (a grid's md has its per-cell table first; only the per-run one has these columns)."""
+    out: dict[str, dict[str, float]] = {}
+    with open(path) as f:
+        lines = f.read().splitlines()
+    header = None
+    for line in lines:
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "ring-only error" in cols and "status" in cols and "run" in cols:
+            header = cols
+            continue
+        if header is None or len(cols) != len(header) or set(line) <= set("|-: "):
+            continue
+        row = dict(zip(header, cols))
+        if not row["status"].startswith("predicted") or "superseded" in row["status"]:
+            continue
+        try:
+            ring_only = float(row["ring-only error"].rstrip("%")) / 100
+            judged = float(row["error"].split()[0].rstrip("%")) / 100
+        except ValueError:
+            continue
+        out[row["run"]] = {"ring_only_error": ring_only, "error": judged}
+    return out
+
+
+def _json_runs(path: str) -> dict[str, dict[str, float]]:
+    with open(path) as f:
+        cells = json.load(f).get("cells", [])
+    out = {}
+    for c in cells:
+        if c.get("status") == "predicted" and not c.get("superseded") and "ring_only_error" in c:
+            run = c["run"].removesuffix("/summary.json").replace("benchmarks/results/", "")  # as the md names it
+            out[run] = {"ring_only_error": float(c["ring_only_error"]),
+                        "error": float(c.get("error", c["ring_only_error"]))}
+    return out
+
+
 def validation_error(paths: Optional[list[str]] = None) -> dict[str, Any]:
-    """The simulator's error on measured runs, from committed ``sim_validate.json`` files: the ring-only
-    calibration's (what this replay's calibration corresponds to) over every predicted, current run."""
-    paths = sorted(glob.glob(VALIDATION_GLOB, recursive=True)) if paths is None else paths
-    errors, judged, used = {}, {}, []
+    """The simulator's error on measured runs, from committed ``benchmarks.sim_validate`` output (``.json``,
+    else the ``.md`` table): the ring-only calibration's error (the calibration this replay corresponds
+    to) over every predicted, not superseded run of every file, each run once."""
+    if paths is None:
+        found = sorted(glob.glob(VALIDATION_GLOB, recursive=True)) + sorted(glob.glob(VALIDATION_GLOB[:-4] + "md", recursive=True))
+        with_json = {p[:-5] for p in found if p.endswith(".json")}
+        paths = [p for p in found if p.endswith(".json") or p[:-3] not in with_json]  # a grid's md repeats its json
+    runs: dict[str, dict[str, float]] = {}
+    used = []
     for path in paths:
         try:
-            with open(path) as f:
-                cells = json.load(f).get("cells", [])
+            got = _json_runs(path) if path.endswith(".json") else _md_runs(path)
         except (OSError, ValueError):
             continue
-        scored = [c for c in cells if c.get("status") == "predicted" and not c.get("superseded")
-                  and "ring_only_error" in c]
-        if scored:
+        if got:
             used.append(os.path.relpath(path, ROOT) if path.startswith(ROOT) else path)
-        for c in scored:
-            errors[c["run"]] = float(c["ring_only_error"])
-            judged[c["run"]] = float(c.get("error", c["ring_only_error"]))
-    if not errors:
+        for run, e in got.items():
+            runs.setdefault(run, e)
+    if not runs:
         return {"known": False, "files": used}
-    e = list(errors.values())
+    e = [r["ring_only_error"] for r in runs.values()]
     return {"known": True, "files": used, "runs": len(e), "median_abs": statistics.median(abs(x) for x in e),
             "within_15": sum(abs(x) <= 0.15 for x in e), "worst": max(e, key=abs),
-            "judged_median_abs": statistics.median(abs(x) for x in judged.values())}
+            "judged_median_abs": statistics.median(abs(r["error"]) for r in runs.values())}
 
 
 def validation_line(v: dict[str, Any]) -> str:
     if not v["known"]:
-        return ("Prediction error: unknown (no benchmarks/results/**/sim_validate.json with predicted runs; "
-                "python -m benchmarks.sim_validate --grid <matrix dir> measures it)")
+        return ("Prediction error: unknown (no benchmarks/results/**/sim_validate.json or .md with predicted runs; "
+                "python -m benchmarks.sim_validate measures it)")
     return (f"Prediction error (simulator validation, {', '.join(v['files'])}): over {v['runs']} measured runs "
             f"predicted with a ring-only calibration, as here, median |error| {v['median_abs']:.1%}, "
             f"{v['within_15']} of {v['runs']} within ±15%, worst {v['worst']:+.1%}")
@@ -329,6 +368,9 @@ def validation_line(v: dict[str, Any]) -> str:
 def caveats(s: dict[str, Any], m: Measured) -> list[str]:
     algo, n = s["algorithm"], int(s["world_size"])
     out = []
+    if algo == "ring" and m.source == "step_times" and not (~m.measured).any():
+        out.append("nothing about the workload: a ring run computes every step on every rank, so each rank's "
+                   "speed at every step was measured")
     if m.source == "schedule":
         out.append(f"no {STEP_TIMES_FILE} in the run (made before the profiler wrote it): replayed from the "
                    "configured straggler schedule with the fastest rank's median step and jitter; slowness that "

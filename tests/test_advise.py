@@ -210,3 +210,19 @@ def test_end_to_end_two_workers_then_the_command(cli, tmp_path):
     assert a["source"] == "step_times" and a["world_size"] == 2 and a["steps"] == 30
     assert a["recommended"] in adv.STRATEGIES and f"algorithm={a['recommended']}" in r.stdout
     assert "Prediction error" in r.stdout and "What this run cannot tell" in r.stdout
+
+
+def test_validation_md_table_is_read_when_there_is_no_json(tmp_path):
+    md = tmp_path / "sim_validate.md"
+    md.write_text("\n".join([
+        "# Simulator vs measured throughput", "",
+        "| run | algorithm | N | scenario | device ms | measured | predicted | error | on | ring-only error | control op ms | loop ms | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| a/runs/x | dpar | 4 | none | 2 | 900 | 900 | +0.0% | own-none | +4.0% | 1 | 2 | calibration (own-none) |",
+        "| a/runs/y | dpar | 4 | t | 2 | 600 | 630 | +5.0% | own-none | -12.0% | 1 | 2 | predicted |",
+        "| a/runs/z | ring | 4 | t | 2 | 500 | 600 | +20.0% **miss** | ring-only | +20.0% | 0 | 2 | predicted |",
+        "| old/runs/z | ring | 4 | t | 2 | 500 | 900 | +80.0% **miss** | ring-only | +80.0% | 0 | 2 | predicted, superseded |",
+    ]))
+    v = adv.validation_error([str(md)])
+    assert v["runs"] == 2 and v["within_15"] == 1
+    assert v["median_abs"] == pytest.approx(0.16) and v["worst"] == pytest.approx(0.20)
