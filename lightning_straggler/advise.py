@@ -277,15 +277,25 @@ def default_settings(name: str, s: dict[str, Any]) -> dict[str, Any]:
     return algorithm_settings({"algorithm": name, "config": {"algorithm": asdict(ALGORITHM_SCHEMAS[name]())}})
 
 
-def replay(s: dict[str, Any], m: Measured) -> tuple[dict[str, float], Any, Any, dict[str, Any]]:
-    """(constants, workload, network, {strategy: SimResult})."""
+def replay(s: dict[str, Any], m: Measured, overheads: Optional[dict[str, dict[str, Any]]] = None
+           ) -> tuple[dict[str, float], Any, Any, dict[str, Any]]:
+    """(constants, workload, network, {strategy: SimResult}). ``overheads`` (``strategy_overheads``): per
+    strategy, a control-call cost and a per-step cost relative to ring's, added to what this run shows."""
     own = s["algorithm"] if s["algorithm"] in STRATEGIES else "ring"  # ddp: lock-step like ring
     consts = calibration_constants(s, factors=m.factors, base_compute_s=m.base_compute_s, per_sample_s=m.per_sample_s,
                                    allreduce_s=m.allreduce_s, fit_on=own, fit_settings=default_settings(own, s),
                                    jitter_cv=m.jitter_cv)
     workload = workload_for(s, consts, m.factors)
     network = network_for(consts)
-    results = {name: simulate(name, workload, network, **default_settings(name, s)) for name in STRATEGIES}
+    results = {}
+    for name in STRATEGIES:
+        w, net = workload, network
+        if overheads and name in overheads:
+            extra = overheads[name]["loop_extra_s"] - (overheads[own]["loop_extra_s"] if own in overheads else 0.0)
+            c = consts | {"control_op_s": overheads[name]["control_op_s"],
+                          "loop_overhead_s": max(0.0, consts["loop_overhead_s"] + extra)}
+            w, net = workload_for(s, c, m.factors), network_for(c)
+        results[name] = simulate(name, w, net, **default_settings(name, s))
     return consts, workload, network, results
 
 
@@ -333,9 +343,7 @@ def validation_error(paths: Optional[list[str]] = None) -> dict[str, Any]:
     else the ``.md`` table): the ring-only calibration's error (the calibration this replay corresponds
     to) over every predicted, not superseded run of every file, each run once."""
     if paths is None:
-        found = sorted(glob.glob(VALIDATION_GLOB, recursive=True)) + sorted(glob.glob(VALIDATION_GLOB[:-4] + "md", recursive=True))
-        with_json = {p[:-5] for p in found if p.endswith(".json")}
-        paths = [p for p in found if p.endswith(".json") or p[:-3] not in with_json]  # a grid's md repeats its json
+        paths = _validation_files()
     runs: dict[str, dict[str, float]] = {}
     used = []
     for path in paths:
@@ -364,8 +372,66 @@ def validation_line(v: dict[str, Any]) -> str:
             f"{v['within_15']} of {v['runs']} within ±15%, worst {v['worst']:+.1%}")
 
 
+def _validation_files() -> list[str]:
+    found = sorted(glob.glob(VALIDATION_GLOB, recursive=True)) + sorted(glob.glob(VALIDATION_GLOB[:-4] + "md", recursive=True))
+    with_json = {p[:-5] for p in found if p.endswith(".json")}
+    return [p for p in found if p.endswith(".json") or p[:-3] not in with_json]  # a grid's md repeats its json
+
+
+def strategy_overheads(world_size: int, paths: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
+    """Per strategy, what ``benchmarks.sim_validate`` fitted on its own no-straggler benchmark runs at this
+    world size ("own-none": ``control_op_s``, the fixed cost of a control collective, and ``loop_extra_s``,
+    its per-step cost beyond ring's): costs a ring run cannot show. From the newest benchmark directory
+    that has them (json ``own_calibration``; md: control op ms, and loop ms less the grid's ring loop)."""
+    per: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}  # (algorithm, folder) -> run -> (control, extra)
+    for path in _validation_files() if paths is None else paths:
+        try:
+            if path.endswith(".json"):
+                with open(path) as f:
+                    cells = json.load(f).get("cells", [])
+                for c in cells:
+                    if c.get("status") == "calibration (own-none)" and int(c.get("world_size", 0)) == world_size:
+                        run = c["run"].removesuffix("/summary.json")
+                        per.setdefault((c["algorithm"], os.path.dirname(os.path.dirname(run))), {})[run] = (
+                            float(c["own_calibration"]["control_op_s"]), float(c["own_calibration"]["loop_extra_s"]))
+                continue
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except (OSError, ValueError, KeyError):
+            continue
+        header, own, ring = None, [], {}
+        for line in lines:
+            cols = [c.strip() for c in line.strip().strip("|").split("|")]
+            if "loop ms" in cols and "status" in cols and "run" in cols:
+                header = cols
+                continue
+            if header is None or len(cols) != len(header) or set(line) <= set("|-: "):
+                continue
+            row = dict(zip(header, cols))
+            try:
+                if int(row["N"]) != world_size:
+                    continue
+                folder = os.path.dirname(os.path.dirname(row["run"]))
+                if row["status"].startswith("calibration (own-none)"):
+                    own.append((row["algorithm"], folder, row["run"], float(row["control op ms"]) / 1e3,
+                                float(row["loop ms"]) / 1e3))
+                elif row["status"].startswith("calibration") and row["algorithm"] == "ring":
+                    ring.setdefault(folder, []).append(float(row["loop ms"]) / 1e3)
+            except (KeyError, ValueError):
+                continue
+        for algo, folder, run, control, loop in own:
+            if folder in ring:
+                per.setdefault((algo, "benchmarks/results/" + folder), {}).setdefault(
+                    "benchmarks/results/" + run, (control, loop - statistics.median(ring[folder])))
+    out: dict[str, dict[str, Any]] = {}
+    for (algo, folder), d in sorted(per.items(), key=lambda kv: kv[0][1]):  # newest folder (its stamp) last: wins
+        out[algo] = {"control_op_s": statistics.median(c for c, _ in d.values()),
+                     "loop_extra_s": statistics.median(e for _, e in d.values()), "runs": len(d), "source": folder}
+    return out
+
+
 # --- what the run cannot tell -----------------------------------------------------------------------------
-def caveats(s: dict[str, Any], m: Measured) -> list[str]:
+def caveats(s: dict[str, Any], m: Measured, overheads: bool = False) -> list[str]:
     algo, n = s["algorithm"], int(s["world_size"])
     out = []
     if algo == "ring" and m.source == "step_times" and not (~m.measured).any():
@@ -399,8 +465,11 @@ def caveats(s: dict[str, Any], m: Measured) -> list[str]:
     if algo != "ring" and m.source == "step_times":
         out.append(f"the loop overhead was fitted on the {algo if algo in STRATEGIES else 'ring'} replay, so ring's "
                    "own per-step cost is inferred, not measured")
-    out.append("control collectives (boundaries, merges, global averages, boa's exchange) are charged their "
-               "latency only; their fixed per-call cost is not measurable on this run")
+    if not overheads:
+        out.append("the strategies' own costs (a control collective's fixed cost at boundaries, merges, global averages "
+                   "and boa's exchange; per-step bookkeeping such as dssync's group switches) are not measurable on "
+                   "this run and are charged their latency only; --overheads validation adds the ones the benchmark "
+                   "measured on the project's machine")
     out.append("throughput only: the effect on accuracy (dpar's omitted samples, dssync's group averages, awar's "
                "local steps) is not predicted")
     return out
@@ -408,7 +477,7 @@ def caveats(s: dict[str, Any], m: Measured) -> list[str]:
 
 # --- the advice ------------------------------------------------------------------------------------------
 def advise(run_dir: str, source: str = "auto", min_gain: float = 0.05, slow_ratio: float = SLOW_RATIO,
-           validation: Optional[list[str]] = None) -> dict[str, Any]:
+           validation: Optional[list[str]] = None, overheads: str = "none") -> dict[str, Any]:
     """Everything the report prints, as a dict (``--json`` writes it)."""
     if not (isinstance(min_gain, (int, float)) and min_gain >= 0 and np.isfinite(min_gain)):
         raise AdviseError(f"min_gain must be a finite number >= 0 (got {min_gain!r})")
@@ -419,8 +488,14 @@ def advise(run_dir: str, source: str = "auto", min_gain: float = 0.05, slow_rati
         raise AdviseError(f"source must be one of auto, step_times, schedule (got {source!r})")
     if source == "step_times" and records is None:
         raise AdviseError(f"{run_dir}: no {STEP_TIMES_FILE} (the per-step records the replay needs)")
+    if overheads not in ("none", "validation"):
+        raise AdviseError(f"overheads must be one of none, validation (got {overheads!r})")
     m = measured_from_records(s, records) if records is not None and source != "schedule" else measured_from_schedule(s)
-    consts, workload, network, results = replay(s, m)
+    extra = strategy_overheads(int(s["world_size"]), validation) if overheads == "validation" else {}
+    if overheads == "validation" and not extra:
+        raise AdviseError(f"overheads=validation: no own-none calibration at {s['world_size']} workers in the "
+                          "committed sim_validate output")
+    consts, workload, network, results = replay(s, m, extra)
     ring = results["ring"].throughput_samples_per_s
     table = [{"strategy": k, "predicted_samples_per_s": r.throughput_samples_per_s,
               "vs_ring": r.throughput_samples_per_s / ring if ring > 0 else 0.0, "efficiency": r.efficiency,
@@ -438,7 +513,7 @@ def advise(run_dir: str, source: str = "auto", min_gain: float = 0.05, slow_rati
         "table": table, "best": best["strategy"], "recommended": recommended,
         "override": f"algorithm={recommended}", "min_gain": min_gain, "slow_ratio": slow_ratio,
         "stragglers": stragglers, "evidence": [evidence_line(c, positions(s)) for c in stragglers if c["kind"] != "none"],
-        "caveats": caveats(s, m), "validation": validation_error(validation),
+        "caveats": caveats(s, m, bool(extra)), "validation": validation_error(validation), "overheads": extra,
     }
 
 
@@ -475,6 +550,9 @@ def format_advice(a: dict[str, Any]) -> str:
               f"{a['reference_rank']}), all-reduce {1e3 * 2 * (a['world_size'] - 1) * c['alpha_s']:.1f} ms, "
               f"loop overhead {1e3 * c['loop_overhead_s']:.1f} ms per step, fitted on this run):",
               f"  {'strategy':<9}{'predicted samples/s':>21}{'vs ring':>9}{'efficiency':>12}"]
+    for name, o in a.get("overheads", {}).items():
+        lines.append(f"  + {name}: {1e3 * o['control_op_s']:.1f} ms per control call, {1e3 * o['loop_extra_s']:+.1f} ms "
+                     f"per step over ring (own-none calibration of {o['runs']} run(s) in {o['source']})")
     for r in a["table"]:
         mark = "  <- recommended" if r["strategy"] == a["recommended"] else ""
         lines.append(f"  {r['strategy']:<9}{r['predicted_samples_per_s']:>21,.0f}{r['vs_ring']:>9.2f}"
@@ -548,9 +626,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--slow-ratio", type=float, default=SLOW_RATIO, help="slow = this many times the fastest (1.5)")
     parser.add_argument("--source", choices=("auto", "step_times", "schedule"), default="auto",
                         help="replay the per-step records (auto: when present) or the configured schedule")
+    parser.add_argument("--overheads", choices=("none", "validation"), default="none",
+                        help="add each strategy's control-call and per-step costs fitted by benchmarks.sim_validate on "
+                             "its own no-straggler benchmark runs at this world size (this project's machine)")
     args = parser.parse_args(argv)
     try:
-        a = advise(args.run_dir, args.source, args.min_gain, args.slow_ratio)
+        a = advise(args.run_dir, args.source, args.min_gain, args.slow_ratio, overheads=args.overheads)
         print(format_advice(a))
         if args.plot is not None:
             try:

@@ -226,3 +226,38 @@ def test_validation_md_table_is_read_when_there_is_no_json(tmp_path):
     v = adv.validation_error([str(md)])
     assert v["runs"] == 2 and v["within_15"] == 1
     assert v["median_abs"] == pytest.approx(0.16) and v["worst"] == pytest.approx(0.20)
+
+
+def _own_none_cell(folder, algo, seed, control, extra, world=N):
+    return {"run": f"benchmarks/results/{folder}/runs/{algo}_none_N{world}_seed{seed}/summary.json", "algorithm": algo,
+            "world_size": world, "status": "calibration (own-none)",
+            "own_calibration": {"control_op_s": control, "loop_extra_s": extra}}
+
+
+def test_overheads_from_validation_are_added_to_each_strategy(tmp_path):
+    old = [_own_none_cell("matrix/1-old", "dpar", s, 1.0, 1.0) for s in range(3)]
+    new = [_own_none_cell("matrix/2-new", "dpar", s, c, e) for s, (c, e) in enumerate([(0.04, 0.01), (0.05, 0.02), (0.09, 0.0)])]
+    other_n = [_own_none_cell("matrix/2-new", "boa", 0, 0.5, 0.5, world=8)]
+    (tmp_path / "a.json").write_text(json.dumps({"cells": old}))
+    (tmp_path / "b.json").write_text(json.dumps({"cells": new + other_n}))
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    o = adv.strategy_overheads(N, paths)
+    assert set(o) == {"dpar"}  # boa's was at 8 workers
+    assert o["dpar"]["control_op_s"] == pytest.approx(0.05) and o["dpar"]["loop_extra_s"] == pytest.approx(0.01)
+    assert o["dpar"]["source"] == "benchmarks/results/matrix/2-new" and o["dpar"]["runs"] == 3  # the newest folder
+    factors = persistent()
+    run = make_run(tmp_path / "run", factors)
+    a = adv.advise(run, validation=paths, overheads="validation")
+    summary = _expected(run)
+    workload, _ = _truth(summary, factors)
+    alpha = ALLREDUCE_S / (2 * (N - 1))
+    consts = {"overhead_s": OVERHEAD_S, "per_sample_s": DEVICE_MS / 1e3, "jitter_cv": 0.0, "alpha_s": alpha,
+              "loop_overhead_s": LOOP_S + 0.01, "control_op_s": 0.05}
+    dpar = simulate("dpar", workload_for(summary, consts, factors), Network("t", alpha, 0.0, 0.05),
+                    **adv.default_settings("dpar", summary))
+    table = {r["strategy"]: r["predicted_samples_per_s"] for r in a["table"]}
+    assert table["dpar"] == pytest.approx(dpar.throughput_samples_per_s, rel=1e-6)
+    assert table["ring"] == pytest.approx(adv.advise(run)["table"][0]["predicted_samples_per_s"], rel=1e-9)
+    assert "+ dpar: 50.0 ms per control call, +10.0 ms per step over ring" in adv.format_advice(a)
+    with pytest.raises(adv.AdviseError, match="no own-none calibration at 4 workers"):
+        adv.advise(run, validation=[str(tmp_path / "absent.json")], overheads="validation")
