@@ -382,7 +382,8 @@ def strategy_overheads(world_size: int, paths: Optional[list[str]] = None) -> di
     """Per strategy, what ``benchmarks.sim_validate`` fitted on its own no-straggler benchmark runs at this
     world size ("own-none": ``control_op_s``, the fixed cost of a control collective, and ``loop_extra_s``,
     its per-step cost beyond ring's): costs a ring run cannot show. From the newest benchmark directory
-    that has them (json ``own_calibration``; md: control op ms, and loop ms less the grid's ring loop)."""
+    that has them (json ``own_calibration``; md: control op ms, and loop ms less the grid's ring loop);
+    medians over its runs, a negative per-step extra taken as 0."""
     per: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}  # (algorithm, folder) -> run -> (control, extra)
     for path in _validation_files() if paths is None else paths:
         try:
@@ -425,8 +426,9 @@ def strategy_overheads(world_size: int, paths: Optional[list[str]] = None) -> di
                     "benchmarks/results/" + run, (control, loop - statistics.median(ring[folder])))
     out: dict[str, dict[str, Any]] = {}
     for (algo, folder), d in sorted(per.items(), key=lambda kv: kv[0][1]):  # newest folder (its stamp) last: wins
+        # a strategy does ring's per-step work and more: a negative extra is the noise between invocations
         out[algo] = {"control_op_s": statistics.median(c for c, _ in d.values()),
-                     "loop_extra_s": statistics.median(e for _, e in d.values()), "runs": len(d), "source": folder}
+                     "loop_extra_s": max(0.0, statistics.median(e for _, e in d.values())), "runs": len(d), "source": folder}
     return out
 
 
@@ -468,8 +470,10 @@ def caveats(s: dict[str, Any], m: Measured, overheads: bool = False) -> list[str
     if not overheads:
         out.append("the strategies' own costs (a control collective's fixed cost at boundaries, merges, global averages "
                    "and boa's exchange; per-step bookkeeping such as dssync's group switches) are not measurable on "
-                   "this run and are charged their latency only; --overheads validation adds the ones the benchmark "
-                   "measured on the project's machine")
+                   "this run and are charged their latency only (no benchmark calibration at this world size)")
+    else:
+        out.append("the strategies' own costs (+ lines above) are the benchmark's, measured on the machine and model of "
+                   "benchmarks/results (--overheads none leaves them out); on other hardware they differ")
     out.append("throughput only: the effect on accuracy (dpar's omitted samples, dssync's group averages, awar's "
                "local steps) is not predicted")
     return out
@@ -477,7 +481,7 @@ def caveats(s: dict[str, Any], m: Measured, overheads: bool = False) -> list[str
 
 # --- the advice ------------------------------------------------------------------------------------------
 def advise(run_dir: str, source: str = "auto", min_gain: float = 0.05, slow_ratio: float = SLOW_RATIO,
-           validation: Optional[list[str]] = None, overheads: str = "none") -> dict[str, Any]:
+           validation: Optional[list[str]] = None, overheads: str = "auto") -> dict[str, Any]:
     """Everything the report prints, as a dict (``--json`` writes it)."""
     if not (isinstance(min_gain, (int, float)) and min_gain >= 0 and np.isfinite(min_gain)):
         raise AdviseError(f"min_gain must be a finite number >= 0 (got {min_gain!r})")
@@ -488,10 +492,10 @@ def advise(run_dir: str, source: str = "auto", min_gain: float = 0.05, slow_rati
         raise AdviseError(f"source must be one of auto, step_times, schedule (got {source!r})")
     if source == "step_times" and records is None:
         raise AdviseError(f"{run_dir}: no {STEP_TIMES_FILE} (the per-step records the replay needs)")
-    if overheads not in ("none", "validation"):
-        raise AdviseError(f"overheads must be one of none, validation (got {overheads!r})")
+    if overheads not in ("auto", "none", "validation"):
+        raise AdviseError(f"overheads must be one of auto, none, validation (got {overheads!r})")
     m = measured_from_records(s, records) if records is not None and source != "schedule" else measured_from_schedule(s)
-    extra = strategy_overheads(int(s["world_size"]), validation) if overheads == "validation" else {}
+    extra = strategy_overheads(int(s["world_size"]), validation) if overheads != "none" else {}
     if overheads == "validation" and not extra:
         raise AdviseError(f"overheads=validation: no own-none calibration at {s['world_size']} workers in the "
                           "committed sim_validate output")
@@ -570,7 +574,7 @@ def format_advice(a: dict[str, Any]) -> str:
 
 
 # --- the plot ----------------------------------------------------------------------------------------------
-def plot(run_dir: str, path: Optional[str] = None, source: str = "auto") -> str:
+def plot(run_dir: str, path: Optional[str] = None, source: str = "auto", overheads: str = "auto") -> str:
     """PNG: the measured per-rank compute per step (the replay's input) and, next to it, samples over time
     for the measured run and every strategy's replay."""
     import matplotlib
@@ -580,7 +584,7 @@ def plot(run_dir: str, path: Optional[str] = None, source: str = "auto") -> str:
 
     s, records = load_run(run_dir)
     m = measured_from_records(s, records) if records is not None and source != "schedule" else measured_from_schedule(s)
-    _, workload, _, results = replay(s, m)
+    _, workload, _, results = replay(s, m, strategy_overheads(int(s["world_size"])) if overheads != "none" else {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     compute = m.factors * m.base_compute_s
     for r in range(compute.shape[0]):
@@ -616,9 +620,103 @@ def plot(run_dir: str, path: Optional[str] = None, source: str = "auto") -> str:
     return path
 
 
+# --- against a benchmark grid ------------------------------------------------------------------------------
+def evaluate_grid(grid: str, overheads: str = "auto", min_gain: float = 0.05) -> dict[str, Any]:
+    """The advisor on every ``ring`` run of a ``benchmarks.matrix`` directory against the strategy that measured
+    best on the same scenario, world size and seed (among the strategies the grid ran). Runs from ``runs/``
+    where present (their ``step_times.csv.gz`` when they have one), else from the shipped ``runs.jsonl``
+    (no per-step records: the configured schedule is replayed). Noise: the median |ring#2 / ring - 1| of the
+    grid's ``--noise`` pairs (0 without); "within noise" = the recommendation measured at least (1 - noise)
+    x the best."""
+    import tempfile
+
+    try:
+        from benchmarks.matrix import RUN_RE
+    except ImportError as e:
+        raise AdviseError(f"evaluating a grid needs the repository's benchmarks package ({e})") from None
+    runs: dict[str, str] = {}  # run name -> a directory holding its summary.json
+    tmp = tempfile.mkdtemp(prefix="advise-grid-")
+    for path in sorted(glob.glob(os.path.join(grid, "runs", "*", "summary.json"))):
+        runs[os.path.basename(os.path.dirname(path))] = os.path.dirname(path)
+    shipped = os.path.join(grid, "runs.jsonl")
+    if not runs and os.path.isfile(shipped):
+        with open(shipped) as f:
+            for line in f:
+                r = json.loads(line)
+                if not r["path"].startswith("runs/"):
+                    continue  # solo calibration runs
+                name = os.path.basename(os.path.dirname(r["path"]))
+                os.makedirs(os.path.join(tmp, name))
+                with open(os.path.join(tmp, name, "summary.json"), "w") as g:
+                    json.dump(r["summary"], g)
+                runs[name] = os.path.join(tmp, name)
+    if not runs:
+        raise AdviseError(f"{grid}: neither runs/*/summary.json nor runs.jsonl (not a benchmarks.matrix directory)")
+
+    def throughput(name: str) -> float:
+        with open(os.path.join(runs[name], "summary.json")) as f:
+            return float(json.load(f)["throughput_samples_per_s"])
+
+    measured: dict[tuple, dict[str, float]] = {}
+    noise = []
+    for name in runs:
+        if "_rep" in name:
+            if name.split("_rep")[0] in runs:
+                noise.append(abs(throughput(name) / throughput(name.split("_rep")[0]) - 1))
+            continue
+        m = RUN_RE.match(name)
+        if m:
+            measured.setdefault((m["scenario"], int(m["world"]), int(m["seed"])), {})[m["algorithm"]] = throughput(name)
+    level = statistics.median(noise) if noise else 0.0
+    cells = []
+    for (scenario, n, seed), algos in sorted(measured.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        ring_run = f"ring_{scenario}_N{n}_seed{seed}"
+        if ring_run not in runs or len(algos) < 2:
+            continue
+        a = advise(runs[ring_run], min_gain=min_gain, overheads=overheads)
+        predicted = {r["strategy"]: r["predicted_samples_per_s"] for r in a["table"]}
+        among = [k for k in algos if k in predicted]
+        top = max(among, key=predicted.get)
+        rec = top if top != "ring" and predicted[top] > predicted["ring"] * (1 + min_gain) else "ring"
+        best = max(algos, key=algos.get)
+        cells.append({"scenario": scenario, "world_size": n, "seed": seed, "source": a["source"], "recommended": rec,
+                      "recommended_of_all": a["recommended"], "best": best, "match": rec == best,
+                      "within_noise": algos[rec] >= algos[best] * (1 - level),
+                      "error": predicted[rec] / algos[rec] - 1, "measured": algos,
+                      "predicted": {k: predicted[k] for k in among}, "evidence": a["evidence"]})
+    if not cells:
+        raise AdviseError(f"{grid}: no cell with a ring run and another strategy")
+    return {"grid": grid, "noise": level, "noise_pairs": len(noise), "overheads": overheads, "cells": cells,
+            "match": sum(c["match"] for c in cells), "within_noise": sum(c["within_noise"] for c in cells),
+            "within_15": sum(abs(c["error"]) <= 0.15 for c in cells), "n": len(cells)}
+
+
+def format_evaluation(e: dict[str, Any]) -> str:
+    lines = [f"Advisor vs the benchmark grid {e['grid']} (overheads: {e['overheads']}; noise {e['noise']:.1%} from "
+             f"{e['noise_pairs']} ring#2/ring pairs); the recommendation among the strategies the grid measured:",
+             "| N | scenario | seed | replay of | advisor | (of all five) | measured best | predicted / measured "
+             "(advisor's) | measured samples/s | predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in e["cells"]:
+        lines.append(f"| {c['world_size']} | {c['scenario']} | {c['seed']} | {c['source']} | {c['recommended']} | "
+                     f"{c['recommended_of_all']} | {c['best']} | {c['error']:+.1%} | "
+                     + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(c["measured"].items())) + " | "
+                     + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(c["predicted"].items())) + " |")
+    labels = sorted({c["recommended"] for c in e["cells"]} | {c["best"] for c in e["cells"]})
+    lines += ["", f"Recommendation = measured best: {e['match']} of {e['n']}; within the noise: {e['within_noise']} of "
+              f"{e['n']}; the recommendation's predicted throughput within 15% of its measurement: {e['within_15']} of "
+              f"{e['n']}.", "", "Confusion (rows: advisor, columns: measured best): | " + " | ".join(labels) + " |"]
+    for a in labels:
+        lines.append(f"| {a} | " + " | ".join(str(sum(1 for c in e["cells"] if c["recommended"] == a and c["best"] == b))
+                                              for b in labels) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lightning_straggler.advise", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="a main job's output directory (summary.json, step_times.csv.gz)")
+    parser.add_argument("run_dir", help="a main job's output directory (summary.json, step_times.csv.gz); with "
+                                        "--evaluate-grid, a benchmarks.matrix directory")
+    parser.add_argument("--evaluate-grid", action="store_true",
+                        help="RUN_DIR is a benchmark grid: advise on each ring run, compare with the measured best")
     parser.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
                         help="write the replay next to the measured timeline (default RUN_DIR/advise.png)")
     parser.add_argument("--json", metavar="PATH", help="also write the advice as JSON")
@@ -626,11 +724,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--slow-ratio", type=float, default=SLOW_RATIO, help="slow = this many times the fastest (1.5)")
     parser.add_argument("--source", choices=("auto", "step_times", "schedule"), default="auto",
                         help="replay the per-step records (auto: when present) or the configured schedule")
-    parser.add_argument("--overheads", choices=("none", "validation"), default="none",
-                        help="add each strategy's control-call and per-step costs fitted by benchmarks.sim_validate on "
-                             "its own no-straggler benchmark runs at this world size (this project's machine)")
+    parser.add_argument("--overheads", choices=("auto", "none", "validation"), default="auto",
+                        help="each strategy's control-call and per-step costs fitted by benchmarks.sim_validate on its "
+                             "own no-straggler benchmark runs at this world size: auto = where committed, validation = "
+                             "required, none = left out")
     args = parser.parse_args(argv)
     try:
+        if args.evaluate_grid:
+            e = evaluate_grid(args.run_dir, args.overheads, args.min_gain)
+            print(format_evaluation(e))
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(e, f, indent=1, default=float)
+            return 0
         a = advise(args.run_dir, args.source, args.min_gain, args.slow_ratio, overheads=args.overheads)
         print(format_advice(a))
         if args.plot is not None:
@@ -639,7 +745,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             except ImportError:
                 print("plot: skipped (matplotlib is not installed)")
             else:
-                print(f"plot: {plot(args.run_dir, args.plot or None, args.source)} "
+                print(f"plot: {plot(args.run_dir, args.plot or None, args.source, args.overheads)} "
                       f"(measured timeline: {os.path.join(args.run_dir, 'timeline.png')})")
         if args.json:
             with open(args.json, "w") as f:
