@@ -20,8 +20,12 @@ The replay (``replay``):
   ``benchmarks/sim_validate.py``) with the measured factors; the all-reduce time per step is the mean
   over steps of the transfer time (the fastest member's time in the step's largest group, scaled from a
   group of g to all N by (N - 1) / (g - 1)); the loop overhead is fitted so that the replay of the run's
-  own algorithm takes the measured wall time. Control collectives (boundaries, merges, global averages)
-  cost their alpha-beta time only (``control_op_s`` = 0: not measurable on a ring run).
+  own algorithm takes the measured wall time.
+* what a ring run cannot show, each strategy's own costs (a control collective's fixed cost at boundaries,
+  merges, global averages and boa's exchange; per-step bookkeeping beyond ring's): with ``--overheads auto``
+  (the default) taken from the committed ``benchmarks.sim_validate`` output where it fitted them at the run's
+  world size (its "own-none" calibration on the strategy's no-straggler benchmark runs; ``strategy_overheads``),
+  else charged their latency only (``--overheads none``: always).
 * every strategy with its default settings (``conf/algorithm/<name>.yaml``), the run's own with the
   run's settings.
 
@@ -32,6 +36,9 @@ replay cannot see slowness that was not configured and says so.
 Recommendation: the strategy with the highest predicted throughput if it beats ring by more than
 ``--min-gain`` (default 5%), else ring. Throughput only: the strategies' effect on accuracy (omitted
 samples, group averages) is not modelled.
+
+``--evaluate-grid MATRIX_DIR`` runs the advisor on every ring run of a ``benchmarks.matrix`` directory and
+compares its recommendation with the strategy that measured best on the same scenario and seed.
 """
 from __future__ import annotations
 
@@ -340,8 +347,9 @@ def _json_runs(path: str) -> dict[str, dict[str, float]]:
 
 def validation_error(paths: Optional[list[str]] = None) -> dict[str, Any]:
     """The simulator's error on measured runs, from committed ``benchmarks.sim_validate`` output (``.json``,
-    else the ``.md`` table): the ring-only calibration's error (the calibration this replay corresponds
-    to) over every predicted, not superseded run of every file, each run once."""
+    else the ``.md`` table) over every predicted, not superseded run of every file, each run once: the
+    ring-only calibration's error (the replay without the strategies' own costs) and the judged one
+    (``judged``: with them, where sim_validate had them)."""
     if paths is None:
         paths = _validation_files()
     runs: dict[str, dict[str, float]] = {}
@@ -357,19 +365,25 @@ def validation_error(paths: Optional[list[str]] = None) -> dict[str, Any]:
             runs.setdefault(run, e)
     if not runs:
         return {"known": False, "files": used}
-    e = [r["ring_only_error"] for r in runs.values()]
-    return {"known": True, "files": used, "runs": len(e), "median_abs": statistics.median(abs(x) for x in e),
-            "within_15": sum(abs(x) <= 0.15 for x in e), "worst": max(e, key=abs),
-            "judged_median_abs": statistics.median(abs(r["error"]) for r in runs.values())}
+
+    def stats(e: list[float]) -> dict[str, Any]:
+        return {"median_abs": statistics.median(abs(x) for x in e), "within_15": sum(abs(x) <= 0.15 for x in e),
+                "worst": max(e, key=abs)}
+
+    return {"known": True, "files": used, "runs": len(runs), **stats([r["ring_only_error"] for r in runs.values()]),
+            "judged": stats([r["error"] for r in runs.values()])}
 
 
-def validation_line(v: dict[str, Any]) -> str:
+def validation_line(v: dict[str, Any], overheads: bool = False) -> str:
+    """The error of the calibration the replay used: ring-only, or with the strategies' own costs ("judged":
+    sim_validate's own-none calibration where the strategy had no-straggler runs, else ring-only)."""
     if not v["known"]:
         return ("Prediction error: unknown (no benchmarks/results/**/sim_validate.json or .md with predicted runs; "
                 "python -m benchmarks.sim_validate measures it)")
+    e, how = (v["judged"], "with each strategy's own fitted costs, as here") if overheads else (v, "with a ring-only calibration, as here")
     return (f"Prediction error (simulator validation, {', '.join(v['files'])}): over {v['runs']} measured runs "
-            f"predicted with a ring-only calibration, as here, median |error| {v['median_abs']:.1%}, "
-            f"{v['within_15']} of {v['runs']} within ±15%, worst {v['worst']:+.1%}")
+            f"predicted {how}, median |error| {e['median_abs']:.1%}, "
+            f"{e['within_15']} of {v['runs']} within ±15%, worst {e['worst']:+.1%}")
 
 
 def _validation_files() -> list[str]:
@@ -552,11 +566,12 @@ def format_advice(a: dict[str, Any]) -> str:
     lines += ["",
               f"Replay in the simulator ({source}; full-speed step {1e3 * a['base_compute_s']:.1f} ms (rank "
               f"{a['reference_rank']}), all-reduce {1e3 * 2 * (a['world_size'] - 1) * c['alpha_s']:.1f} ms, "
-              f"loop overhead {1e3 * c['loop_overhead_s']:.1f} ms per step, fitted on this run):",
-              f"  {'strategy':<9}{'predicted samples/s':>21}{'vs ring':>9}{'efficiency':>12}"]
+              f"loop overhead {1e3 * c['loop_overhead_s']:.1f} ms per step, fitted on this run):"]
     for name, o in a.get("overheads", {}).items():
-        lines.append(f"  + {name}: {1e3 * o['control_op_s']:.1f} ms per control call, {1e3 * o['loop_extra_s']:+.1f} ms "
-                     f"per step over ring (own-none calibration of {o['runs']} run(s) in {o['source']})")
+        lines.append(f"  + {name}'s own costs: {1e3 * o['control_op_s']:.1f} ms per control call, "
+                     f"{1e3 * o['loop_extra_s']:+.1f} ms per step over ring (benchmark's own-none calibration, "
+                     f"{o['runs']} run(s) in {o['source']})")
+    lines.append(f"  {'strategy':<9}{'predicted samples/s':>21}{'vs ring':>9}{'efficiency':>12}")
     for r in a["table"]:
         mark = "  <- recommended" if r["strategy"] == a["recommended"] else ""
         lines.append(f"  {r['strategy']:<9}{r['predicted_samples_per_s']:>21,.0f}{r['vs_ring']:>9.2f}"
@@ -566,7 +581,7 @@ def format_advice(a: dict[str, Any]) -> str:
               "workers' own rates less one all-reduce per step)",
               "",
               recommendation_line(a),
-              validation_line(a["validation"]),
+              validation_line(a["validation"], bool(a.get("overheads"))),
               "",
               "What this run cannot tell:"]
     lines += [f"  - {x}" for x in a["caveats"]]

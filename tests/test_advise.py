@@ -147,14 +147,16 @@ def test_validation_error_is_read_from_the_file_or_unknown(tmp_path):
     v = adv.validation_error([str(path)])
     assert v["known"] and v["runs"] == 3 and v["within_15"] == 2
     assert v["median_abs"] == pytest.approx(0.10) and v["worst"] == pytest.approx(-0.20)
-    assert "median |error| 10.0%, 2 of 3 within ±15%, worst -20.0%" in adv.validation_line(v)
+    assert "ring-only calibration, as here, median |error| 10.0%, 2 of 3 within ±15%, worst -20.0%" in adv.validation_line(v)
     unknown = adv.validation_error([str(tmp_path / "absent.json")])
     assert not unknown["known"] and "Prediction error: unknown" in adv.validation_line(unknown)
 
 
 def test_committed_validation_is_what_the_report_prints(tmp_path):
     a = adv.advise(make_run(tmp_path / "run", persistent()))
-    assert adv.validation_line(adv.validation_error()) in adv.format_advice(a)
+    assert adv.validation_line(adv.validation_error(), bool(a["overheads"])) in adv.format_advice(a)
+    plain = adv.advise(make_run(tmp_path / "plain", persistent()), overheads="none")
+    assert adv.validation_line(adv.validation_error(), False) in adv.format_advice(plain)
 
 
 def test_missing_summary_one_worker_and_no_step_times_are_named(tmp_path):
@@ -260,7 +262,7 @@ def test_overheads_from_validation_are_added_to_each_strategy(tmp_path):
     table = {r["strategy"]: r["predicted_samples_per_s"] for r in a["table"]}
     assert table["dpar"] == pytest.approx(dpar.throughput_samples_per_s, rel=1e-6)
     assert table["ring"] == pytest.approx(adv.advise(run, overheads="none")["table"][0]["predicted_samples_per_s"], rel=1e-9)
-    assert "+ dpar: 50.0 ms per control call, +10.0 ms per step over ring" in adv.format_advice(a)
+    assert "+ dpar's own costs: 50.0 ms per control call, +10.0 ms per step over ring" in adv.format_advice(a)
     with pytest.raises(adv.AdviseError, match="no own-none calibration at 4 workers"):
         adv.advise(run, validation=[str(tmp_path / "absent.json")], overheads="validation")
 
