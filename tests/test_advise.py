@@ -281,3 +281,36 @@ def test_evaluate_grid_compares_the_recommendation_with_the_measured_best(tmp_pa
     assert e["match"] == e["within_noise"] == 1 and cell["source"] == "step_times"
     assert cell["error"] == pytest.approx(cell["predicted"]["boa"] / (2.2 * ring_tp) - 1)
     assert "Recommendation = measured best: 1 of 1" in adv.format_evaluation(e)
+
+
+def test_dpar_run_says_what_the_excluded_rank_hides(tmp_path):
+    """A dpar run: rank 3 (4x) leaves the group at step 20, then computes one local step per 4 group steps
+    and passes over the rest (no record): its speed is still seen, the passed-over batches are not."""
+    path = tmp_path / "dpar"
+    path.mkdir()
+    full = OVERHEAD_S + DEVICE_MS / 1e3 * BATCH
+    records = []
+    for s in range(STEPS):
+        for r in range(3):
+            records.append(StepRecord(r, s, float(s), full, ALLREDUCE_S + (3 * full if s < 20 else 0.0), BATCH, 0))
+        if s < 20:
+            records.append(StepRecord(3, s, float(s), 4 * full, ALLREDUCE_S, BATCH, 0))
+        elif s % 4 == 0:
+            records.append(StepRecord(3, s, float(s), 4 * full, 0.0, BATCH, 3))
+    cfg = load_config({"algorithm": {"name": "dpar"}, "trainer": {"devices": N, "max_steps": STEPS},
+                       "straggler": {"scenario": "none", "device_ms_per_sample": DEVICE_MS}})
+    summary = {"algorithm": "dpar", "world_size": N, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+               "per_rank": {str(k): v for k, v in summarise(records).items()}, "wall_s": STEPS * (full + 0.03),
+               "throughput_samples_per_s": 3 * BATCH / (full + 0.03)}
+    (path / "summary.json").write_text(json.dumps(summary))
+    write_step_times(records, str(path / STEP_TIMES_FILE))
+    a = adv.advise(str(path), overheads="none")
+    m = adv.measured_from_records(summary, records)
+    assert m.local_steps == {3: 25} and not m.measured[3, 21] and m.measured[3, 24]
+    assert m.factors[3, 21] == pytest.approx(4.0) and m.factors[0, 21] == pytest.approx(1.0)  # filled from step 20
+    assert m.allreduce_s == pytest.approx(ALLREDUCE_S * 3 / 2 * (STEPS - 20) / STEPS + ALLREDUCE_S * 20 / STEPS)
+    assert [c["kind"] for c in a["stragglers"]] == ["none", "none", "none", "persistent"]
+    hidden = next(c for c in a["caveats"] if c.startswith("a dpar run"))
+    assert "rank(s) 3 trained outside the group (25 steps)" in hidden
+    assert f"{int((~m.measured).sum())} rank-steps" in hidden
+    assert any("loop overhead was fitted on the dpar replay" in c for c in a["caveats"])
