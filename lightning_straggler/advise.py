@@ -176,17 +176,23 @@ def measured_from_records(s: dict[str, Any], records: list[StepRecord]) -> Measu
     # the all-reduce: per step, the transfer of the largest group (its fastest member's time), scaled to N
     transfers, sizes, local = [], set(), {r: 0 for r in range(n)}
     for step, groups in by_step.items():
-        biggest = max(groups.values(), key=len)
+        # the step's main group: the largest, and of equal ones the fastest (the stragglers are the ones left out)
+        biggest = max(groups.values(), key=lambda g: (len(g), -min(m.compute_s for m in g)))
         for members in groups.values():
-            if len(members) == 1 and n > 1:
+            if members is not biggest and len(members) == 1:
                 local[members[0].rank] += 1
         g = len(biggest)
         if g >= 2:
             sizes.add(g)
             transfers.append(min(m.comm_s for m in biggest) * (n - 1) / (g - 1))
+    # who was left out, by the run's own decisions where it logged them (dpar transitions, awar classes): with
+    # 2 workers the group and the straggler are both groups of one
+    left_out = {int(e["rank"]) for e in s.get("events", []) if "rank" in e and (
+        e.get("kind") == "transition" and e.get("to_state") != "active"
+        or e.get("kind") == "classification" and e.get("to_state") == "straggler")}
     return Measured("step_times", factors, measured, overhead + per_sample * b0, per_sample,
                     float(np.mean(transfers)) if transfers else 0.0, 0.0, ref,
-                    {r: k for r, k in local.items() if k}, sorted(sizes))
+                    {r: k for r, k in local.items() if k and (not left_out or r in left_out)}, sorted(sizes))
 
 
 def measured_from_schedule(s: dict[str, Any]) -> Measured:
@@ -460,7 +466,7 @@ def caveats(s: dict[str, Any], m: Measured, overheads: bool = False) -> list[str
     unmeasured = int((~m.measured).sum()) if m.source == "step_times" else 0
     if algo in ("dpar", "awar"):
         ranks = sorted(m.local_steps)
-        out.append(f"a {algo} run: rank(s) {', '.join(map(str, ranks)) or 'none'} trained outside the group "
+        out.append(f"{'an' if algo == 'awar' else 'a'} {algo} run: rank(s) {', '.join(map(str, ranks)) or 'none'} trained outside the group "
                    f"({', '.join(f'{m.local_steps[r]} steps' for r in ranks) or '-'}); their compute was measured on "
                    "local steps, but how long they would have kept the group waiting (their wait and all-reduce "
                    "inside it) was not, and the batches they passed over have no time at all"
