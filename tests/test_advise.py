@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from lightning_straggler import advise as adv
 from lightning_straggler.config import load_config
 from lightning_straggler.profiling import STEP_TIMES_FILE, StepRecord, summarise, write_step_times
-from lightning_straggler.sim import MatrixSchedule, Network, simulate
+from lightning_straggler.sim import Network, simulate
 from lightning_straggler.sim.calibration import workload_for
 
 N, STEPS, BATCH = 4, 120, 32
