@@ -1,7 +1,10 @@
 """dpar and awar's join-based group with real Horovod workers: 8 ranks, no process sets, and Lightning's
 collectives called from ``training_step`` while a rank is out of the group."""
+import time
+
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from lightning_straggler import AwarStrategy, DparStrategy
 from lightning_straggler.callbacks import StragglerInjector
@@ -112,4 +115,63 @@ def test_collectives_in_training_step_reduce_over_the_group_and_stay_local_outsi
     counts = trainer.callback_metrics["training_step_collectives"]
     assert counts[:, 0].sum().item() == 0, counts  # every answer as promised, on every rank
     assert counts[3, 2].item() > 0 and counts[0, 1].item() > 0, counts  # rank 3 was outside; 0-2 a partial group
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
+class HangWhileOutside(Callback):
+    """On ``rank``: once it is outside the group and joined (its helper thread takes part in the group's
+    all-reduces), its main thread hangs for ``seconds`` (a stuck data loader, a deadlock in user code)."""
+
+    def __init__(self, rank: int, seconds: float) -> None:
+        self.rank, self.seconds, self.done = rank, seconds, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        strategy = trainer.strategy
+        if trainer.global_rank == self.rank and not self.done and strategy._join is not None:
+            self.done = True
+            time.sleep(self.seconds)
+
+
+class GroupStepClock(Callback):
+    """Rank 0's longest step between boundaries and its longest step that ended in a boundary, in
+    callback_metrics at the end of fit."""
+
+    def __init__(self) -> None:
+        self.steps, self._started = [], 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        took = time.perf_counter() - self._started
+        self.steps.append((took, float(trainer.strategy._just_synced)))
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.global_rank == 0:
+            trainer.callback_metrics["group_steps"] = torch.tensor(self.steps)
+
+
+@pytest.mark.parametrize("name", ["dpar", "awar"])
+def test_a_hung_rank_outside_the_group_does_not_stall_the_group_before_the_boundary(name):
+    """Rank 3 (8x slow: out after the first window) hangs for 4 s in its own code while outside. Its
+    Horovod thread has joined, so the group's all-reduces go on: no group step between boundaries takes
+    anywhere near the hang; the group waits for it only at the next boundary's exchange. (A worker
+    stopped whole, SIGSTOP, stops its Horovod thread too: the group then waits at its next all-reduce
+    until the watchdog ends it; see README, Reliability.)"""
+    hang = 4.0
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(3, 8.0, 0, None)]), device_ms_per_sample=2.0)
+    strategy = _strategy(name, 5)
+    clock = GroupStepClock()
+    trainer = fit(make_model(), strategy, 4, 4, 30, callbacks=[injector, HangWhileOutside(3, hang), clock,
+                                                               RankSpread()])
+    assert trainer.state.finished
+    left = [e for e in strategy.run_report["events"] if e["kind"] in ("transition", "classification")
+            and e["rank"] == 3]
+    assert left, strategy.run_report["events"]  # rank 3 did leave the group
+    steps = trainer.callback_metrics["group_steps"].tolist()
+    print("rank 0's steps (seconds, ended in a boundary):", steps)
+    between = max(t for t, at_boundary in steps[1:] if not at_boundary)  # (the first step: Horovod's set-up)
+    boundary = max(t for t, at_boundary in steps if at_boundary)
+    assert between < hang / 4, (between, boundary)
+    assert boundary > hang / 2, (between, boundary)  # the hang was waited for at a boundary, not before
     assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
