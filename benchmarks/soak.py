@@ -127,7 +127,7 @@ def run_one(index: int, algorithm: str, schedule: Dict[str, Any], args, out_dir:
             os.killpg(proc.pid, signal.SIGKILL)  # the job and its workers
             proc.wait()
             rc = None
-    left_processes = _group_alive(proc.pid)
+    left_processes = _group_alive(proc.pid, grace_s=15.0)
     wall = time.monotonic() - started
     with open(os.path.join(run_dir, "stderr.log")) as f:
         err = f.read()
@@ -168,15 +168,20 @@ def _temporary_files(run_dir: str) -> set:
     return set(found)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the job's process group (its workers included) is still there."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _group_alive(pgid: int, grace_s: float = 0.0) -> bool:
+    """Whether any process of the job's process group (its workers included) is still there after
+    ``grace_s`` seconds (workers end on their parent's death signal, a moment after it exits)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.2)
 
 
 def _checkpoint_step(path: str) -> int | None:
