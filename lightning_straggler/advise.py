@@ -313,21 +313,26 @@ def replay(s: dict[str, Any], m: Measured, overheads: Optional[dict[str, dict[st
 
 
 # --- the validation's error -----------------------------------------------------------------------------
+def _md_table_rows(lines: list[str], marker: str):
+    """Rows (header -> cell) of the Markdown table whose header has ``marker``, ``status`` and ``run``."""
+    header = None
+    for line in lines:
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if marker in cols and "status" in cols and "run" in cols:
+            header = cols
+            continue
+        if header is None or len(cols) != len(header) or set(line) <= set("|-: "):
+            continue
+        yield dict(zip(header, cols))
+
+
 def _md_runs(path: str) -> dict[str, dict[str, float]]:
     """The per-run table of a ``sim_validate.md``: {run: {ring_only_error, error}} of its predicted,
     not superseded rows (a grid's md has its per-cell table first; only the per-run one has these columns)."""
     out: dict[str, dict[str, float]] = {}
     with open(path) as f:
         lines = f.read().splitlines()
-    header = None
-    for line in lines:
-        cols = [c.strip() for c in line.strip().strip("|").split("|")]
-        if "ring-only error" in cols and "status" in cols and "run" in cols:
-            header = cols
-            continue
-        if header is None or len(cols) != len(header) or set(line) <= set("|-: "):
-            continue
-        row = dict(zip(header, cols))
+    for row in _md_table_rows(lines, "ring-only error"):
         if not row["status"].startswith("predicted") or "superseded" in row["status"]:
             continue
         try:
@@ -420,15 +425,8 @@ def strategy_overheads(world_size: int, paths: Optional[list[str]] = None) -> di
                 lines = f.read().splitlines()
         except (OSError, ValueError, KeyError):
             continue
-        header, own, ring = None, [], {}
-        for line in lines:
-            cols = [c.strip() for c in line.strip().strip("|").split("|")]
-            if "loop ms" in cols and "status" in cols and "run" in cols:
-                header = cols
-                continue
-            if header is None or len(cols) != len(header) or set(line) <= set("|-: "):
-                continue
-            row = dict(zip(header, cols))
+        own, ring = [], {}
+        for row in _md_table_rows(lines, "loop ms"):
             try:
                 if int(row["N"]) != world_size:
                     continue
