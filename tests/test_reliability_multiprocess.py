@@ -37,8 +37,12 @@ def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("algorithm", ["ring", "dssync", "dpar", "awar", "boa"])
 def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path, algorithm):
-    job = small_job(tmp_path, restart_on_failure=1)
+    # 640 training samples: an epoch is 10 batches on 4 workers, 14 on 3. The step-10 checkpoint is the
+    # first epoch's last batch; the restart must still train the whole second epoch (it used to count
+    # the old epoch's 10 batches as done and stop at step 14, "max_epochs=2 reached").
+    job = small_job(tmp_path, restart_on_failure=1, max_epochs=2)
     job["algorithm"] = {"name": algorithm}
+    job["data"]["num_samples"] = 800
     summary = train(job, callbacks=[KillRank(rank=2, step=12, world=4)])
     assert summary["world_size"] == 3 and summary["algorithm"] == algorithm
     [restart] = summary["restarts"]
@@ -48,7 +52,7 @@ def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_wo
     assert set(summary["per_rank"]) == {"0", "1", "2"}
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 20  # finished: 10 steps on 4 workers (checkpointed), then 10 on 3
-    assert ckpt["lightning_straggler"]["world_size"] == 3
+    assert ckpt["epoch"] == 1 and ckpt["lightning_straggler"]["world_size"] == 3
 
 
 @pytest.mark.timeout(400)

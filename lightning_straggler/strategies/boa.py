@@ -239,7 +239,11 @@ class BoaStrategy(HorovodStrategy):
         """On resume, before the sampler yields anything: the saved allocations, and the batches of the
         epoch the interrupted run had trained on are passed over."""
         state = self._resumed_state()
-        if state is None or self.sampler is None:
+        if self.sampler is None:
+            return
+        if state is None:  # not resuming, or from a checkpoint of another number of workers
+            skip = self.resume_skip_batches(len(self.sampler))
+            self.sampler.skip = skip if skip < len(self.sampler) else 0
             return
         saved = state["boa"]
         if saved["schedule"] is not None:
@@ -249,7 +253,7 @@ class BoaStrategy(HorovodStrategy):
             self.schedule = self.sampler.schedule = schedule
         self.sampler.next_step = int(state["steps_done"])
         self.sampler.placeholders = int(saved["placeholders"])
-        skip = self.resume_skip_batches()
+        skip = self.resume_skip_batches(len(self.sampler))
         self.sampler.skip = skip if skip < len(self.sampler) else 0
 
     @override

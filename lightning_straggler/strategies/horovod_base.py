@@ -136,6 +136,8 @@ class HorovodStrategy(ParallelStrategy):
         self.nonfinite = nonfinite
         self.nonfinite_skips = 0  # steps skipped for non-finite gradients (nonfinite="skip")
         self._resume: Optional[Dict[str, Any]] = None  # this project's part of the checkpoint being resumed
+        # where in its epoch a checkpoint written by another number of workers stopped (see resume_skip_batches)
+        self._resized_position: Optional[Dict[str, Any]] = None
         self.comm: Collectives = comm or HorovodCollectives()
         self.recorder = StepRecorder()
         self.events: List[Dict[str, Any]] = []
@@ -430,7 +432,12 @@ class HorovodStrategy(ParallelStrategy):
         blobs = self.comm.allgather(blob, tag="resume_state")
         if self.global_rank != 0:
             return None
-        return {"world_size": self.world_size, "algorithm": self.strategy_name,
+        trainer = self.lightning_module.trainer
+        per_epoch = trainer.num_training_batches
+        position = {"epoch": trainer.current_epoch,
+                    "batches": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+                    "per_epoch": int(per_epoch) if per_epoch != float("inf") else None}
+        return {"world_size": self.world_size, "algorithm": self.strategy_name, "position": position,
                 "ranks": [b.clone() for b in torch.split(blobs, sizes.tolist())]}
 
     @override
@@ -449,6 +456,7 @@ class HorovodStrategy(ParallelStrategy):
             rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('world_size')} workers, "
                            f"this run has {self.world_size}: model, optimizer and loop state are restored, the "
                            f"algorithm's state (membership, time models, allocations, counters) starts afresh")
+            self._resized_position = self._resume.get("position")
             self._resume = None
         elif self._resume is not None and self._resume.get("algorithm") != self.strategy_name:
             rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('algorithm')!r}: "
@@ -465,20 +473,45 @@ class HorovodStrategy(ParallelStrategy):
             self._resume["mine"] = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
         return self._resume["mine"]
 
-    def resume_skip_batches(self) -> int:
-        """Batches of the resumed epoch the interrupted run had already trained on (0 when not resuming)."""
+    def resume_skip_batches(self, batches_per_epoch: int) -> int:
+        """Batches of the resumed epoch the interrupted run had already trained on (0 when not resuming),
+        for a training loader of ``batches_per_epoch`` batches per rank."""
         state = self._resumed_state()
         trainer = self.lightning_module.trainer
-        if state is None or state["epoch"] != trainer.current_epoch:
+        if state is not None:
+            return int(state["epoch_batches"]) if state["epoch"] == trainer.current_epoch else 0
+        return self._rescale_resized_position(batches_per_epoch)
+
+    def _rescale_resized_position(self, batches_per_epoch: int) -> int:
+        """A restart with fewer workers has more batches per epoch than the checkpoint's run: Lightning's
+        restored batch counter still counts the old, shorter epoch, so a checkpoint from an epoch's last
+        batch would end the next epoch that many batches early. The epoch's done fraction is kept instead:
+        the counter is moved to the same fraction of the new epoch (its end stays its end) and that many
+        batches are passed over. Which samples they are differs (the shards are cut for the new world)."""
+        position, self._resized_position = self._resized_position, None
+        trainer = self.lightning_module.trainer
+        if not position or not position.get("per_epoch") or position["epoch"] != trainer.current_epoch:
             return 0
-        return int(state["epoch_batches"])
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if progress.is_last_batch:
+            batches = batches_per_epoch
+        else:  # mid-epoch stays mid-epoch
+            batches = min(round(position["batches"] / position["per_epoch"] * batches_per_epoch), batches_per_epoch - 1)
+        shift = batches - progress.current.processed
+        for tracker in (progress.current, progress.total):
+            for name in ("ready", "started", "processed", "completed"):
+                setattr(tracker, name, max(0, getattr(tracker, name) + shift))
+        rank_zero_info(f"[{self.strategy_name}] the checkpoint stopped after batch {position['batches']} of "
+                       f"{position['per_epoch']} of epoch {position['epoch']}; with {self.world_size} workers an "
+                       f"epoch has {batches_per_epoch} batches: the run goes on after batch {batches}")
+        return batches
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or not trainer.training or not isinstance(dataloader, DataLoader):
             return dataloader
-        skip = self.resume_skip_batches()
+        skip = self.resume_skip_batches(len(dataloader))
         if not 0 < skip < len(dataloader) or not isinstance(dataloader.batch_sampler, BatchSampler):
             return dataloader  # saved at an epoch's end (or not resuming): Lightning starts the next epoch
         return DataLoader(dataloader.dataset, batch_sampler=SkipFirstBatches(dataloader.batch_sampler, skip),
@@ -493,7 +526,7 @@ class HorovodStrategy(ParallelStrategy):
         if state is not None:
             self.load_strategy_state(state)
             rank_zero_info(f"[{self.strategy_name}] resumed the algorithm's state at step {self.steps_done}")
-        self._resume = None
+        self._resume = self._resized_position = None
         self.attach_metric_sync()
         super().on_train_start()
 
