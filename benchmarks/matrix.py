@@ -33,7 +33,8 @@ What ships (is committed): the raw runs/ and solo/ are git-ignored, but every ag
 notes or restarts; a few KB), or null for a run that left none}, next to ``commands.jsonl`` (every command
 line). ``--aggregate-only DIR`` reads the raw directories where they exist and runs.jsonl otherwise
 (``--shipped`` forces runs.jsonl); given nothing but the directory it re-plans with the options the
-measuring invocation recorded (summary.json ``settings.argv``), so on a checkout
+measuring invocation recorded (summary.json ``settings.argv``; for a grid interrupted before its
+summary.json, ``invocation.json``, written when a grid starts), so on a checkout
 ``python -m benchmarks.matrix --aggregate-only DIR`` reproduces summary.json and matrix.md. Result
 directories under benchmarks/results/matrix/ are not ignored except ``*-quick*`` ones (.gitignore).
 
@@ -1178,6 +1179,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return a
 
 
+INVOCATION_JSON = "invocation.json"
+
+
 def _without(argv: Sequence[str], options: Sequence[str], flags: Sequence[str] = ()) -> list[str]:
     """argv less the given options (with their value, ``--x v`` or ``--x=v``) and flags."""
     out, skip = [], False
@@ -1196,11 +1200,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = parse_args(raw)
     if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped"]):
         # only the directory given: re-plan with the options of the invocation that measured it
-        prev = os.path.join(a.aggregate_only, "summary.json")
+        # summary.json's settings; an interrupted grid has none yet, only the invocation written at its start
         before = {}
-        if os.path.exists(prev):
-            with open(prev) as f:
-                before = json.load(f).get("settings", {})
+        for name, key in (("summary.json", "settings"), (INVOCATION_JSON, None)):
+            path = os.path.join(a.aggregate_only, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    before = json.load(f)
+                before = before.get(key, {}) if key else before
+                if before.get("argv") is not None:
+                    break
         if before.get("argv") is not None:
             raw = _without(before["argv"], ["--output-dir", "--resume", "--aggregate-only"], ["--dry-run"]) + raw
             print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
@@ -1228,6 +1237,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 print("  python -m lightning_straggler.train -m " + shlex.join(inv["overrides"]))
         return {}
     os.makedirs(out, exist_ok=True)
+    if not a.aggregate_only:  # the grid's options, for an --aggregate-only DIR of a grid interrupted before summary.json
+        with open(os.path.join(out, INVOCATION_JSON), "w") as f:
+            json.dump({"argv": a.argv}, f)
     if a.aggregate_only:
         # the raw run directories where they exist, else (a checkout) the trimmed runs that ship
         shipped = read_trimmed(out) if a.shipped or not has_raw_runs(out) else None

@@ -497,3 +497,17 @@ def test_resume_needs_a_directory_alone(tmp_path, capsys):
             m.parse_args(argv)
         err = capsys.readouterr().err
         assert all(w in err for w in words), err
+
+
+def test_aggregate_only_of_an_interrupted_grid_plans_with_its_own_options(tmp_path, capsys):
+    """A grid stopped before its summary.json: --aggregate-only DIR re-plans with the options the grid was
+    started with (its invocation.json), not with the default grid's 150 cells."""
+    out = tmp_path / "grid"
+    (out / "runs").mkdir(parents=True)
+    argv = ["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1"]
+    (out / m.INVOCATION_JSON).write_text(json.dumps({"argv": argv}))
+    report = m.main(["--aggregate-only", str(out)])
+    printed = capsys.readouterr().out
+    assert "--aggregate-only: the measuring invocation's options" in printed
+    assert "2 algorithms ['ring', 'dpar'] x 1 scenarios ['none'] x N [2] x seeds [0]: 2 runs" in printed, printed
+    assert report["settings"]["argv"] == argv
