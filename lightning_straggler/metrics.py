@@ -174,17 +174,33 @@ def attach_horovod_sync(module: torch.nn.Module, strategy: Any) -> int:
     return attached
 
 
+def _horovod_running() -> bool:
+    comm = _default_comm()
+    return comm.initialized and comm.size > 1
+
+
+# Without Horovod (e.g. the same LightningModule under Lightning's own ``ddp``) these fall back to
+# torchmetrics' defaults over torch.distributed: a metric built with horovod_sync_kwargs() still syncs.
 def _gather_all(tensor: Tensor, group: Any = None) -> List[Tensor]:
-    return HorovodGather()(tensor, group=group)
+    if _horovod_running():
+        return HorovodGather()(tensor, group=group)
+    from torchmetrics.utilities.distributed import gather_all_tensors
+
+    return gather_all_tensors(tensor, group=group)
 
 
 def _available() -> bool:
-    return HorovodAvailable()()
+    if _horovod_running():
+        return HorovodAvailable()()
+    from torchmetrics.metric import jit_distributed_available
+
+    return bool(jit_distributed_available())
 
 
 def horovod_sync_kwargs() -> Dict[str, Any]:
     """Keyword arguments that make a torchmetrics metric synchronise over Horovod's world without a
-    strategy. Inside a Trainer with one of this project's strategies nothing needs to be passed."""
+    strategy (and over torch.distributed, as torchmetrics does by default, where Horovod is not running).
+    Inside a Trainer with one of this project's strategies nothing needs to be passed."""
     return {"dist_sync_fn": _gather_all, "distributed_available_fn": _available}
 
 

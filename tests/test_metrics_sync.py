@@ -4,6 +4,7 @@ A world of N ranks is simulated by N threads whose collectives meet in memory (`
 real gather code runs on every "rank" with that rank's own metric states, and the synchronised values
 can be compared with one metric fed everyone's data.
 """
+import os
 import threading
 from types import SimpleNamespace
 
@@ -233,3 +234,31 @@ def test_metric_computed_while_training_under_partial_groups_stays_local():
 
     results, world = run_ranks(2, rank_fn)
     assert results == [1.0, 2.0] and world.calls == []
+
+
+def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        metric = MulticlassAccuracy(num_classes=2, average="micro", **horovod_sync_kwargs())
+        target = torch.zeros(4, dtype=torch.long)
+        metric.update(target if rank == 0 else 1 - target, target)  # rank 0 all right, rank 1 all wrong
+        with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+            f.write(str(float(metric.compute())))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_horovod_sync_kwargs_metric_syncs_over_torch_distributed_without_horovod(tmp_path):
+    """The same LightningModule under Lightning's own ddp: a metric built with horovod_sync_kwargs() syncs
+    as torchmetrics would over torch.distributed (it used to compute each rank's own shard: 1.0 and 0.0)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    assert [float((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [0.5, 0.5]
