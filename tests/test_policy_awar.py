@@ -25,9 +25,14 @@ def test_a_slow_worker_becomes_a_straggler_and_recovers_with_hysteresis():
 
 
 def test_min_group_limits_how_many_leave_slowest_first():
-    states, changes = classify([1.0, 1.0, 9.0, 9.0, 9.0, 1.0], [NORMAL] * 6, AwarThresholds(1.5, 1.2, min_group=4))
-    # the median is 5.0 here; only ranks far above it qualify, and at most 2 may leave
-    assert sum(s == NORMAL for s in states) >= 4
+    # median 4.0: ranks 2, 3, 4 (7, 9, 8 = 1.75x, 2.25x, 2x) all qualify, but min_group=4 lets only 2 leave:
+    # the slowest two (3, then 4); rank 2, the least slow, stays
+    states, changes = classify([1.0, 1.0, 7.0, 9.0, 8.0, 1.0], [NORMAL] * 6, AwarThresholds(1.5, 1.2, min_group=4))
+    assert states == [NORMAL, NORMAL, NORMAL, STRAGGLER, STRAGGLER, NORMAL]
+    assert [(c["rank"], c["ratio"]) for c in changes] == [(3, pytest.approx(2.25)), (4, pytest.approx(2.0))]
+    # the same times in another rank order: still the slowest two, whatever their ranks
+    states, _ = classify([9.0, 7.0, 1.0, 1.0, 1.0, 8.0], [NORMAL] * 6, AwarThresholds(1.5, 1.2, min_group=4))
+    assert states == [STRAGGLER, NORMAL, NORMAL, NORMAL, NORMAL, STRAGGLER]
 
 
 def test_a_straggler_that_did_no_step_stays_a_straggler():

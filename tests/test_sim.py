@@ -127,14 +127,20 @@ def test_dssync_with_one_group_of_everyone_is_ring():
 
 
 def test_dssync_contains_a_straggler_to_its_group_for_one_step():
-    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 5, "end_step": 6}]},
-                 steps=6)
-    result = simulate("dssync", w, FREE, group_size=2)
+    # rank 0 is 50x slow in step 0 only; butterfly pairs of 2: step 0 (0,1)(2,3)..., step 1 (0,2)(1,3)...
+    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
+                 steps=4, steps_per_epoch=0)
+    step = 32 * 2e-3
+    end = simulate("dssync", w, FREE, group_size=2).rank_step_end_s
+    # step 0: only rank 0's partner waits for it; the other six finish at full speed
+    assert end[0, :2] == pytest.approx([50 * step] * 2) and end[0, 2:] == pytest.approx([step] * 6)
+    # step 1: the delay reaches the partners of ranks 0 and 1 (2 and 3), not ranks 4-7
+    assert end[1, :4] == pytest.approx([51 * step] * 4) and end[1, 4:] == pytest.approx([2 * step] * 4)
+    # ring: every rank waits in step 0; by the last step dssync's delay has reached everyone, so the
+    # run ends at the same time
     ring = simulate("ring", w, FREE)
-    assert result.wall_s == pytest.approx(ring.wall_s)  # the one slow step ends the run either way
-    short = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
-                     steps=2, steps_per_epoch=0)
-    assert simulate("dssync", short, FREE).wall_s == pytest.approx(simulate("ring", short, FREE).wall_s)
+    assert ring.wall_s == pytest.approx(53 * step)
+    assert end[-1] == pytest.approx([53 * step] * 8)
 
 
 def test_rebalance_decision_matches_the_strategy():

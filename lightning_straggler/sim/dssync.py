@@ -40,6 +40,7 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
     ranks = np.arange(n)
     clock = np.zeros(n)  # when each worker is free to start its next step
     step_end = np.zeros(steps)
+    rank_end = np.zeros((steps, n))
     globals_done = 0
     for s in range(steps):
         ready = clock + workload.compute_s(ranks, s) + workload.loop_overhead_s
@@ -52,7 +53,9 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
             clock[:] = clock.max() + network.control_s(n, "allreduce", workload.grad_bytes)
             globals_done += 1
         step_end[s] = clock.max()
+        rank_end[s] = clock
     step_times = np.diff(np.concatenate([[0.0], step_end]))
     return SimResult("dssync", n, network.name, float(clock.max()), float(workload.global_batch * steps),
                      step_times, ideal_throughput(workload, network), per_rank_steps=[steps] * n,
-                     notes=f"group_size {plan.group_size}, {schedule}, {globals_done} global averages")
+                     notes=f"group_size {plan.group_size}, {schedule}, {globals_done} global averages",
+                     rank_step_end_s=rank_end)

@@ -43,6 +43,7 @@ class SimResult:
     step_samples: np.ndarray | None = None  # counted samples per entry of step_times_s (default: even split)
     events: list[dict] = field(default_factory=list)
     notes: str = ""
+    rank_step_end_s: np.ndarray | None = None  # [steps, ranks]: when each rank finished each step (where recorded)
 
     @property
     def throughput_samples_per_s(self) -> float:
