@@ -58,7 +58,7 @@ class DSSyncConfig:
     def validate(self, world_size: int) -> None:
         from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
 
-        _check(1 <= self.group_size <= world_size, "algorithm.group_size", f"in 1..{world_size} (the number of workers)", self.group_size)
+        _check(1 <= self.group_size <= world_size, "algorithm.group_size", f"in 1..{world_size} (trainer.devices={world_size}, the number of workers)", self.group_size)
         _check(self.schedule in KINDS, "algorithm.schedule", f"one of {', '.join(KINDS)}", self.schedule)
         _check(self.sync in ("params", "grads"), "algorithm.sync", "one of params, grads", self.sync)
         _check(self.global_every_steps >= 0, "algorithm.global_every_steps", ">= 0 (0 = off)", self.global_every_steps)
@@ -380,8 +380,30 @@ def _merge(schema: Type, cfg: Any, prefix: str):
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
-        where = f"{prefix}.{key}" if key and not key.startswith(prefix) else (key or prefix)
+        if not key:  # OmegaConf did not say which key: find it, one key at a time, into nested groups
+            path, node = [], cfg
+            while isinstance(node, dict):
+                for k, v in node.items():
+                    probe: Any = {k: v}
+                    for outer in reversed(path):
+                        probe = {outer: probe}
+                    try:
+                        OmegaConf.merge(OmegaConf.structured(schema), probe)
+                    except OmegaConfBaseException:
+                        path.append(str(k))
+                        node = v
+                        break
+                else:
+                    break
+            key = ".".join(path)
+        # the whole config's keys are named as the user writes them (straggler.factors, seed), a group's
+        # with the group (algorithm.initial_batch_sizes)
+        where = (key or prefix) if not key or prefix == "config" or key.startswith(prefix) else f"{prefix}.{key}"
         allowed = ", ".join(f.name for f in fields(schema))
+        if getattr(e, "object_type", None) is SlowdownEventConfig and not key.startswith("straggler"):
+            # OmegaConf names a key inside a list item without the list: say which list it is
+            where, prefix = f"straggler.events[].{key}", "straggler.events[]"
+            allowed = ", ".join(f.name for f in fields(SlowdownEventConfig))
         raise ConfigError(f"{where}: {e.msg if hasattr(e, 'msg') else e} (settings of {prefix}: {allowed})") from None
 
 

@@ -27,6 +27,7 @@ Horovod ``ProcessSet`` (one the strategy has registered).
 """
 from __future__ import annotations
 
+import sys
 import logging
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
@@ -49,7 +50,9 @@ def _default_comm():
     """Collectives over Horovod's world for metrics without a strategy (``horovod_sync_kwargs``)."""
     from lightning_straggler.comm import HorovodCollectives
 
-    comm = _default.setdefault("comm", HorovodCollectives())
+    if "comm" not in _default:
+        _default["comm"] = HorovodCollectives()
+    comm = _default["comm"]
     if not _default.get("ready") and comm.initialized:
         comm.init(dynamic_groups=False)  # Horovod is already running: this registers its world
         _default["ready"] = True
@@ -175,8 +178,13 @@ def attach_horovod_sync(module: torch.nn.Module, strategy: Any) -> int:
 
 
 def _horovod_running() -> bool:
-    comm = _default_comm()
-    return comm.initialized and comm.size > 1
+    if "horovod.torch" not in sys.modules:
+        return False  # never imported in this process (e.g. a ddp worker): it cannot be running
+    try:
+        comm = _default_comm()
+        return comm.initialized and comm.size > 1
+    except Exception:  # noqa: BLE001  (a Horovod build without its torch extension)
+        return False
 
 
 # Without Horovod (e.g. the same LightningModule under Lightning's own ``ddp``) these fall back to

@@ -10,8 +10,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     from hypothesis import settings as _hypothesis_settings
 
-    _hypothesis_settings.register_profile("ci", derandomize=True, database=None)
-    _hypothesis_settings.register_profile("explore")
+    # (named "ci" on purpose: it replaces hypothesis' own CI profile, which it would load on a CI machine;
+    # no deadline: a busy 2-core machine makes per-example timings unreliable)
+    _default_profile = _hypothesis_settings.get_profile("default")
+    _hypothesis_settings.register_profile("ci", parent=_default_profile, derandomize=True, database=None,
+                                          deadline=None)
+    _hypothesis_settings.register_profile("explore", parent=_default_profile, deadline=None)
     _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # hypothesis is a test dependency; without it the property tests are not collected
     pass

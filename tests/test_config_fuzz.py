@@ -5,6 +5,7 @@ module build without starting a worker (and the schedule's delays are finite), o
 ``load_config`` / Hydra composition with an error that names the setting and what is allowed.
 """
 import math
+import re
 from dataclasses import asdict, fields
 
 import pytest
@@ -72,12 +73,21 @@ def _names_a_setting(message: str, raw=None) -> bool:
     it set requires, naming that one too (``straggler.factors ... for scenario=static``)."""
     if not any(w in message for w in ALLOWED_WORDS):
         return False
-    named = {s for s in SETTINGS if s in message}
+    named = {s for s in SETTINGS if re.search(rf"(?<![\w.]){re.escape(s)}(?!\w)", message)}
     if raw is None:
         return bool(named)
-    touched = {f"{g}.{k}" for g, v in raw.items() if isinstance(v, dict) for k in v} | set(raw)
-    requires = any(f"{t.split('.')[-1]}=" in message for t in touched if "." in t)
-    return bool(named & touched) or (bool(named) and requires)
+    # what the example set: group.key, top-level settings, groups replaced by a non-dict value; the three
+    # settings every example sets (the algorithm's name, devices, scenario) count only when named in full
+    always = {"algorithm.name", "trainer.devices", "straggler.scenario"}
+    touched = ({f"{g}.{k}" for g, v in raw.items() if isinstance(v, dict) for k in v}
+               | {g for g, v in raw.items() if not isinstance(v, dict) or g in TOP_LEVEL})
+    if not (isinstance(raw.get("algorithm"), dict) and "name" in raw["algorithm"]):
+        touched.add("algorithm")  # the group replaced by one without a name
+    requires = any(re.search(rf"(?<![\w.]){re.escape(t.split('.')[-1])}=", message) for t in touched - always if "." in t)
+    requires |= any(re.search(rf"(?<![\w.]){re.escape(t)}=", message) for t in touched & always)
+    requires |= "scenario=" in message and "straggler.scenario" in touched  # the scenario needs its factors/events
+    unknown = any(re.search(rf"(?<![\w.]){re.escape(t)}(?!\w)", message) for t in touched if "." in t)  # an unknown key
+    return bool(named & touched) or unknown or (bool(named) and requires)
 
 
 def _builds(cfg) -> None:

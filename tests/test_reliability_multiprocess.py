@@ -38,8 +38,8 @@ def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
 @pytest.mark.parametrize("algorithm", ["ring", "dssync", "dpar", "awar", "boa"])
 def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path, algorithm):
     # 640 training samples: an epoch is 10 batches on 4 workers, 14 on 3. The step-10 checkpoint is the
-    # first epoch's last batch; the restart must still train the whole second epoch (it used to count
-    # the old epoch's 10 batches as done and stop at step 14, "max_epochs=2 reached").
+    # first epoch's last batch; the restart must start the second epoch whole and reach max_steps in it
+    # (it used to count the old epoch's 10 batches as done and stop at step 14, "max_epochs=2 reached").
     job = small_job(tmp_path, restart_on_failure=1, max_epochs=2)
     job["algorithm"] = {"name": algorithm}
     job["data"]["num_samples"] = 800

@@ -46,7 +46,7 @@ class AwarThresholds:
         if not (_is_real(self.slow_ratio) and math.isfinite(self.slow_ratio) and self.slow_ratio > 1.0):
             raise ValueError(f"slow_ratio must be a finite number > 1 (got {self.slow_ratio!r})")
         if not (_is_real(self.recover_ratio) and 1.0 <= self.recover_ratio < self.slow_ratio):
-            raise ValueError(f"recover_ratio must be in [1, slow_ratio) = [1, {self.slow_ratio}) (got {self.recover_ratio!r})")
+            raise ValueError(f"recover_ratio must be in [1, slow_ratio) = [1, {self.slow_ratio}) (slow_ratio={self.slow_ratio}) (got {self.recover_ratio!r})")
         if not (_is_int(self.min_group) and 0 <= self.min_group <= world_size):
             raise ValueError(f"min_group must be an integer in 0..{world_size} (0 = half, rounded up) (got {self.min_group!r})")
 

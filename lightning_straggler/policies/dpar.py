@@ -161,12 +161,12 @@ class DparThresholds:
             raise ValueError(f"slow_ratio must be a finite number > 1 (got {s!r})")
         k = self.strikeout_ratio
         if not _is_real(k) or not math.isfinite(k) or not k >= s:
-            raise ValueError(f"strikeout_ratio must be a finite number >= slow_ratio ({s!r}) (got {k!r})")
+            raise ValueError(f"strikeout_ratio must be a finite number >= slow_ratio (slow_ratio={s!r}) (got {k!r})")
         if not _is_int(self.strikeout_windows) or self.strikeout_windows < 1:
             raise ValueError(f"strikeout_windows must be an integer >= 1 (got {self.strikeout_windows!r})")
         r = self.readmit_ratio
         if not _is_real(r) or not math.isfinite(r) or not 1 <= r < s:
-            raise ValueError(f"readmit_ratio must be in [1, slow_ratio) = [1, {s!r}) (got {r!r})")
+            raise ValueError(f"readmit_ratio must be in [1, slow_ratio) = [1, {s!r}) (slow_ratio={s!r}) (got {r!r})")
         if not _is_int(self.readmit_windows) or self.readmit_windows < 1:
             raise ValueError(f"readmit_windows must be an integer >= 1 (got {self.readmit_windows!r})")
         m = self.min_active

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
 from lightning.pytorch.strategies.parallel import ParallelStrategy
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
@@ -461,6 +462,7 @@ class HorovodStrategy(ParallelStrategy):
         elif self._resume is not None and self._resume.get("algorithm") != self.strategy_name:
             rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('algorithm')!r}: "
                            f"the algorithm's state starts afresh")
+            self._resized_position = self._resume.get("position")  # the same world: the same batch goes on
             self._resume = None
         return checkpoint
 
@@ -488,19 +490,26 @@ class HorovodStrategy(ParallelStrategy):
         batch would end the next epoch that many batches early. The epoch's done fraction is kept instead:
         the counter is moved to the same fraction of the new epoch (its end stays its end) and that many
         batches are passed over. Which samples they are differs (the shards are cut for the new world)."""
-        position, self._resized_position = self._resized_position, None
         trainer = self.lightning_module.trainer
+        # only once Lightning has restored the loops (a loader built earlier, e.g. for
+        # estimated_stepping_batches in configure_optimizers, would see fresh counters)
+        if not (trainer.state.fn == TrainerFn.FITTING and trainer.fit_loop.restarting):
+            return 0
+        position, self._resized_position = self._resized_position, None
         if not position or not position.get("per_epoch") or position["epoch"] != trainer.current_epoch:
             return 0
+        # the epoch as Lightning will count it: limit_train_batches applies to the new loader too
+        batches_per_epoch = int(_parse_num_batches(RunningStage.TRAINING, batches_per_epoch, trainer.limit_train_batches))
         progress = trainer.fit_loop.epoch_loop.batch_progress
         if progress.is_last_batch:
             batches = batches_per_epoch
-        else:  # mid-epoch stays mid-epoch
+        else:  # mid-epoch stays mid-epoch (at least one batch in, if it was)
             batches = min(round(position["batches"] / position["per_epoch"] * batches_per_epoch), batches_per_epoch - 1)
+            batches = max(batches, min(1, position["batches"]))
         shift = batches - progress.current.processed
         for tracker in (progress.current, progress.total):
             for name in ("ready", "started", "processed", "completed"):
-                setattr(tracker, name, max(0, getattr(tracker, name) + shift))
+                setattr(tracker, name, getattr(tracker, name) + shift)
         rank_zero_info(f"[{self.strategy_name}] the checkpoint stopped after batch {position['batches']} of "
                        f"{position['per_epoch']} of epoch {position['epoch']}; with {self.world_size} workers an "
                        f"epoch has {batches_per_epoch} batches: the run goes on after batch {batches}")
@@ -511,6 +520,8 @@ class HorovodStrategy(ParallelStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or not trainer.training or not isinstance(dataloader, DataLoader):
             return dataloader
+        if self._resume is None and self._resized_position is None:
+            return dataloader  # not resuming (and a loader without a length stays as it is)
         skip = self.resume_skip_batches(len(dataloader))
         if not 0 < skip < len(dataloader) or not isinstance(dataloader.batch_sampler, BatchSampler):
             return dataloader  # saved at an epoch's end (or not resuming): Lightning starts the next epoch
