@@ -27,8 +27,8 @@ Horovod ``ProcessSet`` (one the strategy has registered).
 """
 from __future__ import annotations
 
-import sys
 import logging
+import sys
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
 

@@ -241,18 +241,15 @@ class BoaStrategy(HorovodStrategy):
         state = self._resumed_state()
         if self.sampler is None:
             return
-        if state is None:  # not resuming, or from a checkpoint of another number of workers
-            skip = self.resume_skip_batches(len(self.sampler))
-            self.sampler.skip = skip if skip < len(self.sampler) else 0
-            return
-        saved = state["boa"]
-        if saved["schedule"] is not None:
-            schedule = AllocationSchedule(saved["schedule"]["sizes"][0])
-            for start, sizes in zip(saved["schedule"]["from"][1:], saved["schedule"]["sizes"][1:]):
-                schedule.change(start, sizes)
-            self.schedule = self.sampler.schedule = schedule
-        self.sampler.next_step = int(state["steps_done"])
-        self.sampler.placeholders = int(saved["placeholders"])
+        if state is not None:  # (None: not resuming, or from a checkpoint of another number of workers)
+            saved = state["boa"]
+            if saved["schedule"] is not None:
+                schedule = AllocationSchedule(saved["schedule"]["sizes"][0])
+                for start, sizes in zip(saved["schedule"]["from"][1:], saved["schedule"]["sizes"][1:]):
+                    schedule.change(start, sizes)
+                self.schedule = self.sampler.schedule = schedule
+            self.sampler.next_step = int(state["steps_done"])
+            self.sampler.placeholders = int(saved["placeholders"])
         skip = self.resume_skip_batches(len(self.sampler))
         self.sampler.skip = skip if skip < len(self.sampler) else 0
 
