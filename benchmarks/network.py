@@ -1,0 +1,436 @@
+"""Hosts on one machine: network namespaces on a virtual bridge, their links shaped with ``tc``.
+
+    .venv/bin/python -m benchmarks.network check   [--hosts 2] [--rate-mbit 100] [--delay-ms 0.1]
+    .venv/bin/python -m benchmarks.network cleanup  # remove namespaces a crashed run left behind
+
+Layout (everything inside namespaces this module creates; the machine's own namespace is not touched):
+
+    namespace PREFIX-sw:  bridge br0 (no address)
+    namespace PREFIX-hI:  eth0 = 10.77.0.(I+1)/24, veth to port pI on br0; lo up; its own /etc/hosts
+                          (/etc/netns/PREFIX-hI/hosts: this machine's name -> 10.77.0.(I+1), hJ -> host J)
+
+Shaping, per host: a token bucket (``tc qdisc ... tbf rate R``) on the host's eth0 (its uplink:
+everything it sends) and on its bridge port (its downlink: everything it receives, so two senders cannot
+push it past R). A byte from host A to host B crosses A's uplink and B's downlink, both at R: the path's
+rate is R. Latency D (``netem delay``, on the uplink) needs the kernel's sch_netem, which this project's
+CI machines lack: there D must be 0 (a clear error otherwise); loopback-like veth latency is ~0.02 ms. Workers on the same host talk over the namespace's local route (not shaped),
+as ranks on one machine do. Needs root (``ip netns``).
+
+:class:`NamespacedHosts` is a context manager: the namespaces exist inside the ``with`` block and are
+removed on the way out, also on an exception, and its processes (``popen``) are killed first. Namespace
+names carry the creating process's pid (``lsnet<pid>-...``); ``cleanup`` removes those whose process is
+gone. :func:`launch_workers` runs one Horovod worker per slot over the hosts: rank r on host
+r // per_host, task 0's host runs Horovod's rendezvous server, and every worker gets the variables
+horovodrun would set (:func:`lightning_straggler.cluster_env.attach_env`), so the strategy attaches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBNET = "10.77.0"
+PREFIX = "lsnet"
+MAX_HOSTS = 16
+RENDEZVOUS_PORT = 29450
+IP_TIMEOUT_S = 20
+NETNS_ETC = "/etc/netns"  # per-namespace files ip-netns(8) mounts over /etc
+
+
+class NetworkError(RuntimeError):
+    """The namespaces could not be made, or a worker on them failed."""
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """Every host's link: ``rate_mbit`` (None: not shaped) and one-way latency ``delay_ms``."""
+
+    rate_mbit: Optional[float] = None
+    delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rate_mbit is not None and not (0.1 <= self.rate_mbit <= 100000):
+            raise ValueError(f"rate_mbit={self.rate_mbit}: must be between 0.1 and 100000 (Mbit/s), or None")
+        if not (0 <= self.delay_ms <= 1000):
+            raise ValueError(f"delay_ms={self.delay_ms}: must be between 0 and 1000")
+
+    def tbf(self) -> List[str]:
+        """``tc`` arguments of the rate limiter (a token bucket), [] when not shaped."""
+        if self.rate_mbit is None:
+            return []
+        bytes_per_s = self.rate_mbit * 1e6 / 8
+        # burst: at least what the rate sends in one 4 ms kernel tick (else tbf cannot reach the rate);
+        # latency: the queue a collective's megabytes wait in (deep, so TCP sees delay rather than drops)
+        burst = max(32 * 1024, int(bytes_per_s * 0.004))
+        return ["tbf", "rate", f"{self.rate_mbit:g}mbit", "burst", str(burst), "latency", "500ms"]
+
+    def describe(self) -> str:
+        rate = f"{self.rate_mbit:g} Mbit/s" if self.rate_mbit is not None else "unshaped"
+        return f"{rate}, {self.delay_ms:g} ms"
+
+
+def _ip(*args: str, ns: Optional[str] = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    if check and done.returncode != 0:
+        raise NetworkError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+def available() -> Optional[str]:
+    """None when namespaces can be made here, else why not (for a test's skip reason)."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (`ip`, `tc`)"
+    if os.geteuid() != 0:
+        return "needs root (ip netns)"
+    return None
+
+
+def namespaces() -> List[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=IP_TIMEOUT_S).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def cleanup(only_dead: bool = True) -> List[str]:
+    """Remove this module's namespaces (``lsnet<pid>-*``) whose creating process is gone (all of them
+    with ``only_dead=False``); returns the names removed."""
+    removed = []
+    for ns in namespaces():
+        m = re.fullmatch(rf"{PREFIX}(\d+)-\w+", ns)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if only_dead and pid != os.getpid() and _alive(pid):
+            continue
+        _kill_namespace_processes(ns)
+        _ip("ip", "netns", "del", ns, check=False)
+        removed.append(ns)
+    for folder in (os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []):
+        m = re.fullmatch(rf"{PREFIX}(\d+)-\w+", folder)
+        if m and (not only_dead or not _alive(int(m.group(1)))) and folder not in namespaces():
+            shutil.rmtree(os.path.join(NETNS_ETC, folder), ignore_errors=True)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    for pid in done.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+class NamespacedHosts:
+    """``hosts`` network namespaces on one bridge, links shaped as ``shape`` (see the module docstring)."""
+
+    def __init__(self, hosts: int, shape: LinkShape = LinkShape()) -> None:
+        if not (1 <= hosts <= MAX_HOSTS):
+            raise ValueError(f"hosts={hosts}: must be between 1 and {MAX_HOSTS}")
+        self.hosts = hosts
+        self.shape = shape
+        self.prefix = f"{PREFIX}{os.getpid()}"
+        self.switch = f"{self.prefix}-sw"
+        self.names = [f"{self.prefix}-h{i}" for i in range(hosts)]
+        self._procs: List[subprocess.Popen] = []
+        self._up = False
+
+    def address(self, host: int) -> str:
+        return f"{SUBNET}.{host + 1}"
+
+    def __enter__(self) -> "NamespacedHosts":
+        reason = available()
+        if reason:
+            raise NetworkError(f"network namespaces unavailable: {reason}")
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        self._up = True
+        _ip("ip", "netns", "add", self.switch)
+        _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
+        _ip("ip", "link", "set", "br0", "up", ns=self.switch)
+        for i, ns in enumerate(self.names):
+            _ip("ip", "netns", "add", ns)
+            self._write_hosts_file(i)
+            _ip("ip", "link", "set", "lo", "up", ns=ns)
+            # both ends made inside the host, the port end then moved to the switch: nothing touches the
+            # machine's own namespace
+            _ip("ip", "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}", ns=ns)
+            _ip("ip", "link", "set", f"p{i}", "netns", self.switch, ns=ns)
+            _ip("ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=ns)
+            _ip("ip", "link", "set", "eth0", "up", ns=ns)
+            _ip("ip", "link", "set", f"p{i}", "master", "br0", ns=self.switch)
+            _ip("ip", "link", "set", f"p{i}", "up", ns=self.switch)
+            self._shape(ns, "eth0", delay=True)
+            self._shape(self.switch, f"p{i}", delay=False)
+
+    def _write_hosts_file(self, host: int) -> None:
+        """``ip netns exec`` mounts /etc/netns/NAME/hosts over /etc/hosts: inside each host the machine's
+        name resolves to that host's address, as on a real host. Needed, not cosmetic: Horovod 0.28.1
+        builds the Gloo device of every process set (the world's included) without HOROVOD_GLOO_IFACE,
+        from the address the host name resolves to (here a loopback one, unreachable from the others)."""
+        name = socket.gethostname()
+        lines = ["127.0.0.1 localhost", f"{self.address(host)} {name} {name.split('.')[0]}"]
+        lines += [f"{self.address(j)} h{j}" for j in range(self.hosts)]
+        folder = os.path.join(NETNS_ETC, self.names[host])
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hosts"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _shape(self, ns: str, dev: str, delay: bool) -> None:
+        rate = self.shape.tbf()
+        if delay and self.shape.delay_ms > 0:
+            # latency needs netem (sch_netem), which some kernels lack (this project's CI machine's does)
+            done = _ip("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+                       f"{self.shape.delay_ms:g}ms", "limit", "100000", ns=ns, check=False)
+            if done.returncode != 0:
+                raise NetworkError(f"delay_ms={self.shape.delay_ms:g}: this kernel cannot add latency (tc netem: "
+                                   f"{done.stderr.strip()}); use delay_ms=0 (rate shaping uses tbf)")
+            if rate:
+                _ip("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *rate, ns=ns)
+        elif rate:
+            _ip("tc", "qdisc", "add", "dev", dev, "root", *rate, ns=ns)
+
+    def popen(self, host: int, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` inside host ``host``'s namespace (killed on close)."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.names[host], *argv], start_new_session=True, **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def run(self, host: int, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.names[host], *argv], capture_output=True, text=True,
+                              timeout=timeout_s)
+
+    def bytes_sent(self, host: int) -> int:
+        """Bytes host ``host`` has sent onto the bridge so far (its port's receive counter)."""
+        done = _ip("ip", "-j", "-s", "link", "show", f"p{host}", ns=self.switch)
+        return int(json.loads(done.stdout)[0]["stats64"]["rx"]["bytes"])
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=30)
+        self._procs.clear()
+        if not self._up:
+            return
+        for ns in self.names + [self.switch]:
+            if ns in namespaces():
+                _kill_namespace_processes(ns)
+                _ip("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
+        self._up = False
+        left = [ns for ns in namespaces() if ns.startswith(self.prefix + "-")]
+        if left:
+            raise NetworkError(f"namespaces left behind: {left}")
+
+
+def worker_layouts(workers: int, hosts: int):
+    """One TaskLayout per rank: rank r on host r // per_host (block placement, as SLURM's default)."""
+    from lightning_straggler.cluster_env import TaskLayout
+
+    if workers % hosts:
+        raise ValueError(f"workers={workers} must be a multiple of hosts={hosts}")
+    per_host = workers // hosts
+    nodes = tuple(f"h{i}" for i in range(hosts))
+    return [TaskLayout(rank=r, size=workers, local_rank=r % per_host, local_size=per_host, cross_rank=r // per_host,
+                       cross_size=hosts, node_rank=r // per_host, nodes=nodes, tasks_per_node=(per_host,) * hosts,
+                       job_id="0") for r in range(workers)]
+
+
+def launch_workers(net: NamespacedHosts, workers: int, argv: Sequence[str], run_dir: str, timeout_s: float,
+                   stall_timeout_s: float = 120.0, extra_env: Optional[Dict[str, str]] = None) -> List[str]:
+    """Run ``argv`` (``{rank}`` in an argument: the worker's rank) as ``workers`` Horovod workers over
+    ``net``'s hosts and wait (at most ``timeout_s``); returns each rank's stdout. Raises NetworkError naming the first rank that failed, with its log."""
+    from lightning_straggler.cluster_env import attach_env
+
+    os.makedirs(run_dir, exist_ok=True)
+    layouts = worker_layouts(workers, net.hosts)
+    addr = net.address(0)
+    ready = os.path.join(run_dir, "rendezvous.ready")
+    if os.path.exists(ready):  # an earlier run's
+        os.remove(ready)
+    server = net.popen(0, [sys.executable, "-m", "benchmarks.network", "_rendezvous", "--size", str(workers),
+                           "--hosts", ",".join(f"{n}:{k}" for n, k in zip(layouts[0].nodes, layouts[0].tasks_per_node)),
+                           "--addr", addr, "--port", str(RENDEZVOUS_PORT), "--ready-file", ready],
+                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(os.path.join(run_dir, "rendezvous.err"), "w"))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(ready):
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise NetworkError(f"the rendezvous server on {addr} did not start: "
+                               f"{open(os.path.join(run_dir, 'rendezvous.err')).read()[-2000:]}")
+        time.sleep(0.1)
+    procs, logs = [], []
+    for layout in layouts:
+        env = {**os.environ, **attach_env(layout, addr, RENDEZVOUS_PORT, "eth0", stall_timeout_s),
+               "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}
+        out = open(os.path.join(run_dir, f"rank{layout.rank}.out"), "w")
+        err = open(os.path.join(run_dir, f"rank{layout.rank}.err"), "w")
+        logs.append((out.name, err.name))
+        command = [a.replace("{rank}", str(layout.rank)) for a in argv]
+        procs.append(net.popen(layout.node_rank, command, cwd=ROOT, env=env, stdout=out, stderr=err))
+    deadline = time.monotonic() + timeout_s
+    failed = None
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            raise NetworkError(f"workers did not finish within {timeout_s:g} s (logs in {run_dir})")
+        failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        if failed is not None:
+            break
+        time.sleep(0.2)
+    failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), failed)
+    if failed is not None:
+        raise NetworkError(f"rank {failed} failed (exit {procs[failed].poll()}): "
+                           f"{open(logs[failed][1]).read()[-3000:]}")
+    return [open(out).read() for out, _ in logs]
+
+
+def _serve_rendezvous(args) -> None:
+    import logging
+
+    from lightning_straggler.launcher import _Rendezvous
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # the key-value store's puts: rendezvous.err
+    hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in args.hosts.split(",")]
+    server = _Rendezvous(args.size, host=args.addr, port=args.port, hosts=hosts)
+    with open(args.ready_file, "w") as f:
+        f.write(str(server.port))
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def _allreduce_probe(args) -> None:
+    """One worker of the all-reduce probe: ``repeats`` timed all-reduces of ``floats`` float32 values
+    (after two untimed ones); rank 0 prints ``RESULT {json}`` with every repeat's seconds."""
+    import horovod.torch as hvd
+    import torch
+
+    torch.set_num_threads(1)
+    hvd.init()
+    tensor = torch.ones(args.floats)
+    for i in range(2):
+        hvd.allreduce(tensor, op=hvd.Sum, name=f"warmup.{i}")
+    seconds = []
+    for i in range(args.repeats):
+        hvd.allreduce(torch.zeros(1), name=f"align.{i}")  # start every repeat together
+        t0 = time.perf_counter()
+        out = hvd.allreduce(tensor, op=hvd.Sum, name=f"probe.{i}")
+        seconds.append(time.perf_counter() - t0)
+    assert float(out[0]) == hvd.size(), "the all-reduce's sum is wrong"
+    if hvd.rank() == 0:
+        print("RESULT " + json.dumps({"size": hvd.size(), "floats": args.floats, "seconds": seconds}), flush=True)
+    hvd.shutdown()
+
+
+def allreduce_seconds(hosts: int, workers: int, shape: LinkShape, floats: int, repeats: int, run_dir: str,
+                      timeout_s: float = 240.0) -> List[float]:
+    """Rank 0's seconds per all-reduce of ``floats`` float32 values, ``workers`` ranks over ``hosts``."""
+    with NamespacedHosts(hosts, shape) as net:
+        outs = launch_workers(net, workers, [sys.executable, "-m", "benchmarks.network", "_allreduce", "--floats",
+                                             str(floats), "--repeats", str(repeats)], run_dir, timeout_s,
+                              extra_env={"OMP_NUM_THREADS": "1"})
+    line = [l for l in outs[0].splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])["seconds"]
+
+
+def ring_allreduce_predicted_s(workers: int, hosts: int, floats: int, rate_mbit: float) -> float:
+    """Seconds a ring all-reduce of ``floats`` float32 values spends on the links, ranks placed in blocks:
+    every rank sends 2(k-1)/k of the data to the next rank; between hosts only the last rank of a block
+    sends to the next host, so each host's uplink (and the next one's downlink) carries 2(k-1)/k x S."""
+    k = workers
+    if hosts < 2:
+        return 0.0
+    return 2 * (k - 1) / k * floats * 4 * 8 / (rate_mbit * 1e6)
+
+
+def _check(args) -> int:
+    """Time a bulk TCP transfer from the first host to the last."""
+    shape = LinkShape(args.rate_mbit, args.delay_ms)
+    with NamespacedHosts(args.hosts, shape) as net:
+        print(f"{net.hosts} hosts ({shape.describe()}): {', '.join(net.names)}")
+        probe = ("import socket,sys,time\n"
+                 "s=socket.socket(); s.settimeout(30)\n"
+                 "s.connect((sys.argv[1],29460)); b=bytes(1<<20); t=time.monotonic()\n"
+                 "for _ in range(int(sys.argv[2])): s.sendall(b)\n"
+                 "s.shutdown(socket.SHUT_WR); s.recv(1); print(time.monotonic()-t)\n")
+        sink = ("import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                f"s.bind(('{net.address(net.hosts - 1)}',29460)); s.listen(1); s.settimeout(30); c,_=s.accept()\n"
+                "while c.recv(1<<20): pass\nc.sendall(b'k')\n")
+        net.popen(net.hosts - 1, [sys.executable, "-c", sink])
+        time.sleep(0.5)
+        mb = args.megabytes
+        sent = net.run(0, [sys.executable, "-c", probe, net.address(net.hosts - 1), str(mb)], timeout_s=60)
+        if sent.returncode != 0:
+            print(f"transfer failed: {sent.stderr[-1000:]}")
+            return 1
+        seconds = float(sent.stdout.strip())
+        print(f"{mb} MiB in {seconds:.3f} s: {mb * 8 * 1.048576 / seconds:.1f} Mbit/s")
+    print("torn down")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.network", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="make the hosts, time a transfer between two, tear down")
+    check.add_argument("--hosts", type=int, default=2)
+    check.add_argument("--rate-mbit", type=float, default=100.0)
+    check.add_argument("--delay-ms", type=float, default=0.0)
+    check.add_argument("--megabytes", type=int, default=8)
+    clean = sub.add_parser("cleanup", help="remove namespaces left by runs whose process is gone")
+    clean.add_argument("--all", action="store_true", help="also those of running processes")
+    probe = sub.add_parser("_allreduce")  # internal: one worker of allreduce_seconds
+    probe.add_argument("--floats", type=int, required=True)
+    probe.add_argument("--repeats", type=int, required=True)
+    rdv = sub.add_parser("_rendezvous")  # internal: task 0's server inside host 0's namespace
+    rdv.add_argument("--size", type=int, required=True)
+    rdv.add_argument("--hosts", required=True)
+    rdv.add_argument("--addr", required=True)
+    rdv.add_argument("--port", type=int, required=True)
+    rdv.add_argument("--ready-file", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "_allreduce":
+        _allreduce_probe(args)
+        return 0
+    if args.command == "_rendezvous":
+        _serve_rendezvous(args)
+        return 0
+    if args.command == "cleanup":
+        print(json.dumps({"removed": cleanup(only_dead=not args.all)}))
+        return 0
+    return _check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
