@@ -34,7 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -142,6 +142,10 @@ def _kill_namespace_processes(ns: str) -> None:
             pass
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class NamespacedHosts:
     """``hosts`` network namespaces on one bridge, links shaped as ``shape`` (see the module docstring)."""
 
@@ -155,6 +159,7 @@ class NamespacedHosts:
         self.names = [f"{self.prefix}-h{i}" for i in range(hosts)]
         self._procs: List[subprocess.Popen] = []
         self._up = False
+        self._previous_sigterm = None
 
     def address(self, host: int) -> str:
         return f"{SUBNET}.{host + 1}"
@@ -163,15 +168,24 @@ class NamespacedHosts:
         reason = available()
         if reason:
             raise NetworkError(f"network namespaces unavailable: {reason}")
+        self._previous_sigterm = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            # a plain `kill` would end the process without unwinding the `with`: make it unwind (teardown)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._create()
         except BaseException:
-            self.close()
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     def _create(self) -> None:
         self._up = True
@@ -282,39 +296,50 @@ def launch_workers(net: NamespacedHosts, workers: int, argv: Sequence[str], run_
     ready = os.path.join(run_dir, "rendezvous.ready")
     if os.path.exists(ready):  # an earlier run's
         os.remove(ready)
-    server = net.popen(0, [sys.executable, "-m", "benchmarks.network", "_rendezvous", "--size", str(workers),
-                           "--hosts", ",".join(f"{n}:{k}" for n, k in zip(layouts[0].nodes, layouts[0].tasks_per_node)),
-                           "--addr", addr, "--port", str(RENDEZVOUS_PORT), "--ready-file", ready],
-                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(os.path.join(run_dir, "rendezvous.err"), "w"))
+    with open(os.path.join(run_dir, "rendezvous.err"), "w") as server_err:
+        server = net.popen(0, [sys.executable, "-m", "benchmarks.network", "_rendezvous", "--size", str(workers),
+                               "--hosts", ",".join(f"{n}:{k}" for n, k in zip(layouts[0].nodes,
+                                                                               layouts[0].tasks_per_node)),
+                               "--addr", addr, "--port", str(RENDEZVOUS_PORT), "--ready-file", ready],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=server_err)
     deadline = time.monotonic() + 60
     while not os.path.exists(ready):
         if server.poll() is not None or time.monotonic() > deadline:
             raise NetworkError(f"the rendezvous server on {addr} did not start: "
                                f"{open(os.path.join(run_dir, 'rendezvous.err')).read()[-2000:]}")
         time.sleep(0.1)
-    procs, logs = [], []
+    procs, logs, handles = [], [], []
     for layout in layouts:
         env = {**os.environ, **attach_env(layout, addr, RENDEZVOUS_PORT, "eth0", stall_timeout_s),
                "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}
         out = open(os.path.join(run_dir, f"rank{layout.rank}.out"), "w")
         err = open(os.path.join(run_dir, f"rank{layout.rank}.err"), "w")
         logs.append((out.name, err.name))
+        handles += [out, err]
         command = [a.replace("{rank}", str(layout.rank)) for a in argv]
         procs.append(net.popen(layout.node_rank, command, cwd=ROOT, env=env, stdout=out, stderr=err))
+    try:
+        failed = _wait_all(procs, timeout_s, run_dir)
+    finally:
+        for handle in handles:
+            handle.close()
+    if failed is not None:
+        raise NetworkError(f"rank {failed} failed (exit {procs[failed].poll()}): "
+                           f"{open(logs[failed][1]).read()[-3000:]}")
+    return [open(out).read() for out, _ in logs]
+
+
+def _wait_all(procs: List[subprocess.Popen], timeout_s: float, run_dir: str) -> Optional[int]:
+    """Until every worker has exited, or one failed (its rank returned), at most ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    failed = None
     while any(p.poll() is None for p in procs):
         if time.monotonic() > deadline:
             raise NetworkError(f"workers did not finish within {timeout_s:g} s (logs in {run_dir})")
         failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
         if failed is not None:
-            break
+            return failed
         time.sleep(0.2)
-    failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), failed)
-    if failed is not None:
-        raise NetworkError(f"rank {failed} failed (exit {procs[failed].poll()}): "
-                           f"{open(logs[failed][1]).read()[-3000:]}")
-    return [open(out).read() for out, _ in logs]
+    return next((r for r, p in enumerate(procs) if p.poll() != 0), None)
 
 
 def _serve_rendezvous(args) -> None:

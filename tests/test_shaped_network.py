@@ -89,3 +89,26 @@ def test_bad_shape_is_refused_before_anything_is_made():
     with pytest.raises(ValueError, match="hosts=0: must be between 1 and 16"):
         NamespacedHosts(0)
     assert not _ours()
+
+
+def test_teardown_when_the_process_is_terminated(tmp_path):
+    # a plain `kill` (SIGTERM) of a process inside the `with` block still removes its namespaces
+    import signal
+    import subprocess
+    import time
+
+    code = ("import sys, time\nfrom benchmarks.network import NamespacedHosts\n"
+            "with NamespacedHosts(2) as net:\n    print(' '.join(net.names), flush=True)\n    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=network.ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        names = proc.stdout.readline().split()
+        assert len(names) == 2 and all(ns in network.namespaces() for ns in names)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            network.cleanup()
+    assert not [ns for ns in network.namespaces() if ns in names]
+    folders = os.listdir(network.NETNS_ETC) if os.path.isdir(network.NETNS_ETC) else []
+    assert not [f for f in folders if f in names]
