@@ -287,7 +287,8 @@ def worker_layouts(workers: int, hosts: int):
 def launch_workers(net: NamespacedHosts, workers: int, argv: Sequence[str], run_dir: str, timeout_s: float,
                    stall_timeout_s: float = 120.0, extra_env: Optional[Dict[str, str]] = None) -> List[str]:
     """Run ``argv`` (``{rank}`` in an argument: the worker's rank) as ``workers`` Horovod workers over
-    ``net``'s hosts and wait (at most ``timeout_s``); returns each rank's stdout. Raises NetworkError naming the first rank that failed, with its log."""
+    ``net``'s hosts and wait (at most ``timeout_s``); returns each rank's stdout. Raises NetworkError
+    naming the first rank that failed, with its log."""
     from lightning_straggler.cluster_env import attach_env
 
     os.makedirs(run_dir, exist_ok=True)
