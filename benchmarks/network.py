@@ -107,20 +107,23 @@ def cleanup(only_dead: bool = True) -> List[str]:
     with ``only_dead=False``); returns the names removed."""
     removed = []
     for ns in namespaces():
-        m = re.fullmatch(rf"{PREFIX}(\d+)-\w+", ns)
-        if m is None:
-            continue
-        pid = int(m.group(1))
-        if only_dead and pid != os.getpid() and _alive(pid):
+        pid = _owner_pid(ns)
+        if pid is None or (only_dead and pid != os.getpid() and _alive(pid)):
             continue
         _kill_namespace_processes(ns)
         _ip("ip", "netns", "del", ns, check=False)
         removed.append(ns)
     for folder in (os.listdir(NETNS_ETC) if os.path.isdir(NETNS_ETC) else []):
-        m = re.fullmatch(rf"{PREFIX}(\d+)-\w+", folder)
-        if m and (not only_dead or not _alive(int(m.group(1)))) and folder not in namespaces():
+        pid = _owner_pid(folder)
+        if pid is not None and (not only_dead or not _alive(pid)) and folder not in namespaces():
             shutil.rmtree(os.path.join(NETNS_ETC, folder), ignore_errors=True)
     return removed
+
+
+def _owner_pid(name: str) -> Optional[int]:
+    """The creating process of one of this module's namespaces (``lsnet<pid>-...``), else None."""
+    m = re.fullmatch(rf"{PREFIX}(\d+)-\w+", name)
+    return int(m.group(1)) if m else None
 
 
 def _alive(pid: int) -> bool:

@@ -106,17 +106,15 @@ def aggregate(runs: List[Dict[str, Any]], algorithms: Sequence[str], options: Di
         by = {(r["algorithm"], r["seed"]): r for r in runs if r["hosts"] == hosts}
         seeds = sorted({s for _, s in by})
         for algo in [a for a in algorithms if a != "ring"] + ["ring#2"]:
-            ratios = [by[(algo, s)]["throughput"] / by[("ring", s)]["throughput"] for s in seeds
-                      if (algo, s) in by and ("ring", s) in by]
+            # (X's run, ring's run) of the same seed: every ratio below is over these pairs
+            pairs = [(by[(algo, s)], by[("ring", s)]) for s in seeds if (algo, s) in by and ("ring", s) in by]
+            ratios = [x["throughput"] / ring["throughput"] for x, ring in pairs]
             ci = paired_bootstrap(ratios)
             ci["label"] = label(ci)
-            acc = [by[(algo, s)]["val_acc"] - by[("ring", s)]["val_acc"] for s in seeds
-                   if (algo, s) in by and ("ring", s) in by and by[(algo, s)]["val_acc"] is not None
-                   and by[("ring", s)]["val_acc"] is not None]
+            acc = [x["val_acc"] - ring["val_acc"] for x, ring in pairs
+                   if x["val_acc"] is not None and ring["val_acc"] is not None]
             own = [r for (a, _), r in by.items() if a == algo]
-            loops = [step_loop_s(by[("ring", s)]) / step_loop_s(by[(algo, s)]) for s in seeds
-                     if (algo, s) in by and ("ring", s) in by and step_loop_s(by[(algo, s)])
-                     and step_loop_s(by[("ring", s)])]
+            loops = [step_loop_s(ring) / step_loop_s(x) for x, ring in pairs if step_loop_s(x) and step_loop_s(ring)]
             loop_ci = paired_bootstrap(loops)
             loop_ci["label"] = label(loop_ci)
             cell[algo] = {
@@ -174,7 +172,7 @@ def markdown(result: Dict[str, Any]) -> str:
                          f"{c['bytes_per_step_per_host_median'] / 1e6:.2f} "
                          f"({ring['bytes_per_step_per_host_median'] / 1e6:.2f}) | "
                          f"{'n/a' if acc is None else f'{acc:+.3f}'} |")
-    lines += ["", f"ring's throughput (median): " + ", ".join(
+    lines += ["", "ring's throughput (median): " + ", ".join(
         f"{h} hosts {c['ring']['throughput_median']:.0f} samples/s" for h, c in result["table"].items()), "",
               "The simulator's network model (alpha-beta, beta = 1 / rate, no hosts, no contention) against the "
               "measured sync time per step; rule as in sim_validate: |predicted / measured - 1| <= 15%.", "",

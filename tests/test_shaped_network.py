@@ -95,7 +95,6 @@ def test_teardown_when_the_process_is_terminated(tmp_path):
     # a plain `kill` (SIGTERM) of a process inside the `with` block still removes its namespaces
     import signal
     import subprocess
-    import time
 
     code = ("import sys, time\nfrom benchmarks.network import NamespacedHosts\n"
             "with NamespacedHosts(2) as net:\n    print(' '.join(net.names), flush=True)\n    time.sleep(120)\n")
