@@ -124,6 +124,11 @@ class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         _die_with_parent()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
         super()._wrapping_function(process_idx, *args, **kwargs)
+        # Lightning destroys the process group at exit only for NCCL. A Gloo group left to interpreter
+        # finalization can end a finished worker with SIGABRT now and then (its C++ worker threads still
+        # hold tensors whose release needs the GIL; pytorch/pytorch#179291): end it while Python is alive.
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class DDPBaselineStrategy(DDPStrategy):
