@@ -73,6 +73,15 @@ class TorchCollectives:
         return torch.cat([p[:k] for p, k in zip(parts, sizes_)])
 
 
+def end_process_group() -> None:
+    """Destroy this worker's torch.distributed group, if any. Lightning does so at exit only for NCCL; a
+    Gloo group left to interpreter finalization can end a finished worker with SIGABRT now and then (its
+    C++ worker threads still hold tensors whose release needs the GIL; pytorch/pytorch#179291). Local to
+    the rank for Gloo (not a collective)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
     """Lightning's spawn launcher; also hands rank 0's run report back (through a file, as ours does: the
     pipe Lightning uses blocks on payloads over 64 KiB), binds Gloo to loopback, and ends the job with a
@@ -124,11 +133,7 @@ class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         _die_with_parent()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
         super()._wrapping_function(process_idx, *args, **kwargs)
-        # Lightning destroys the process group at exit only for NCCL. A Gloo group left to interpreter
-        # finalization can end a finished worker with SIGABRT now and then (its C++ worker threads still
-        # hold tensors whose release needs the GIL; pytorch/pytorch#179291): end it while Python is alive.
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        end_process_group()
 
 
 class DDPBaselineStrategy(DDPStrategy):

@@ -33,6 +33,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassAUROC
 
 import lightning_straggler  # noqa: F401  registers the strategies
 from lightning_straggler import AwarStrategy, BoaStrategy, DparStrategy, DSSyncStrategy, RingStrategy
+from lightning_straggler.ddp_baseline import end_process_group
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -124,16 +125,15 @@ class PredictionFiles(BasePredictionWriter):
 
 class EndProcessGroup(Callback):
     """For Lightning's ``ddp_spawn`` references: each worker destroys its Gloo process group when a stage
-    ends. Lightning destroys it at exit only for NCCL; a Gloo group left to interpreter finalization can
-    end a worker with SIGABRT once in a while (its C++ worker threads still hold tensors whose release
-    needs the GIL; pytorch/pytorch#179291), which failed this module's reference once in CI."""
+    ends, as the ``ddp`` baseline does (why: ``end_process_group``); left to interpreter exit, it failed
+    this module's reference once in CI (a finished rank died with SIGABRT)."""
 
     def teardown(self, trainer, pl_module, stage):
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        end_process_group()
 
 
-def reference_callbacks(strategy):
+def prepare_reference(strategy):
+    """Callbacks for a run of ``strategy``; for the ``ddp_spawn`` reference also a fresh port."""
     if strategy != "ddp_spawn":
         return []
     # a fresh free port for this reference: Lightning keeps the first one it picked in MASTER_PORT, and
@@ -155,7 +155,7 @@ def run_workflow(strategy, root, stages=("validate", "test", "predict"), eval_ck
     trainer = pl.Trainer(
         accelerator="cpu", devices=WORLD, strategy=strategy, max_epochs=EPOCHS, gradient_clip_val=0.5,
         callbacks=[checkpoint, EarlyStopping(monitor="val_acc", mode="max", patience=1), LearningRateMonitor("step"),
-                   FitRecord(), PredictionFiles(os.path.join(root, "predictions"))] + reference_callbacks(strategy),
+                   FitRecord(), PredictionFiles(os.path.join(root, "predictions"))] + prepare_reference(strategy),
         logger=CSVLogger(root, name="logs", version=0), log_every_n_steps=1, num_sanity_val_steps=1,
         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train_dataloaders=loader(dataset(TRAIN, 1), shuffle=True),
@@ -306,7 +306,7 @@ def fit_accumulating(strategy):
     model = UserModel(epochs=1, steps_per_epoch=TRAIN // (2 * BATCH) // 2)
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, accumulate_grad_batches=2,
                          precision="bf16-mixed", gradient_clip_val=0.5,
-                         callbacks=[LossLog()] + reference_callbacks(strategy), logger=False,
+                         callbacks=[LossLog()] + prepare_reference(strategy), logger=False,
                          limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(model, train_dataloaders=loader(dataset(TRAIN, 1), shuffle=True))
