@@ -3,8 +3,9 @@
 Not a Horovod strategy: it is Lightning's ``DDPStrategy`` with only what the main job needs to compare it
 fairly with the others, and nothing that changes how DDP trains:
 
-* launch: ``ddp_spawn``-style (Lightning's multiprocessing launcher, start method ``spawn``) from the
-  plain python process, as the project's own launcher does. Lightning's ``popen`` (subprocess-script)
+* launch: ``ddp_spawn``-style (Lightning's multiprocessing launcher) from the plain python process,
+  started as the project's own launcher starts its workers (Python's fork server where it exists, else
+  ``spawn``; this changes start-up time only). Lightning's ``popen`` (subprocess-script)
   launcher re-runs the command line once per rank, which neither ``train(cfg)`` from code (tests,
   benchmarks) nor a Hydra multirun survive. Threads per worker: Lightning's launcher sets
   ``cores // workers`` (``OMP_NUM_THREADS`` unless set), as ours does. Gloo binds to loopback.
@@ -36,7 +37,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.optim import Optimizer
 
-from lightning_straggler.launcher import ResultsThroughFile
+from lightning_straggler.launcher import (WORKER_START_METHOD, ResultsThroughFile, enter_worker, prepare_worker_start,
+                                          private_module_copies)
 from lightning_straggler.profiling import StepRecorder
 
 NONFINITE_POLICIES = ("error", "skip")
@@ -95,6 +97,7 @@ class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         from lightning_straggler.launcher import WorkerFailure
 
         _check_missing_main_guard()
+        self._launch_env = prepare_worker_start(self._start_method)
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
         context = mp.get_context(self._start_method)
         return_queue = context.SimpleQueue()
@@ -127,12 +130,12 @@ class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         self._recover_results_in_main_process(worker_output, trainer)
         return worker_output.trainer_results
 
-    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
-        from lightning_straggler.launcher import _die_with_parent
-
-        _die_with_parent()
+    def _wrapping_function(self, process_idx: int, trainer, function: Callable, args: Any, kwargs: Any,
+                           *rest: Any) -> None:
+        enter_worker(self._launch_env)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: loopback only
-        super()._wrapping_function(process_idx, *args, **kwargs)
+        args, kwargs = private_module_copies(self._start_method, self._strategy, args, kwargs)
+        super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)
         end_process_group()
 
 
@@ -152,7 +155,7 @@ class DDPBaselineStrategy(DDPStrategy):
         self.averaging_period = int(model_averaging_period)
         self.warmup_steps = int(warmup_steps)
         # a collective that some ranks never join fails after this long (torch.distributed's own time-out)
-        super().__init__(start_method="spawn", timeout=timedelta(seconds=stall_timeout_s),
+        super().__init__(start_method=WORKER_START_METHOD, timeout=timedelta(seconds=stall_timeout_s),
                          model_averaging_period=self.averaging_period or None, **kwargs)
         self.stall_timeout_s = float(stall_timeout_s)
         self.nonfinite = nonfinite
@@ -168,7 +171,7 @@ class DDPBaselineStrategy(DDPStrategy):
 
     # --- launch and set-up ----------------------------------------------------------------------
     def _configure_launcher(self) -> None:
-        self._launcher = _DDPLauncher(self, start_method="spawn")
+        self._launcher = _DDPLauncher(self, start_method=self._start_method)
 
     def setup_environment(self) -> None:
         super().setup_environment()  # init_process_group (Gloo on CPU)
@@ -261,7 +264,7 @@ class DDPBaselineStrategy(DDPStrategy):
         if self.global_rank == 0:
             self.run_report["events"] = list(self.events)
             self.run_report.setdefault("profiling", {
-                "launch": "spawn (Lightning's multiprocessing launcher), Gloo on CPU",
+                "launch": f"{self._start_method} (Lightning's multiprocessing launcher), Gloo on CPU",
                 "model_averaging_period": self.averaging_period, "warmup_steps": self.warmup_steps,
                 "gradient_buckets_per_step": self.buckets_per_step,
                 "profiling": ("compute_s: batch start until DDP's first gradient bucket is ready (injected delay "

@@ -2,9 +2,10 @@
 
 The rendezvous server (Horovod's Gloo key-value store) is started here on 127.0.0.1 and Gloo is told to
 use the loopback interface, so a local launch listens on loopback only (``horovod.run`` would open its
-driver and rendezvous services on every interface). Workers are spawned with Lightning's
-multiprocessing launcher, which also hands rank 0's weights, state and metrics back to this process;
-we add the Horovod environment per rank and the run report.
+driver and rendezvous services on every interface). Workers are started with Lightning's
+multiprocessing launcher (forked from Python's fork server, which has imported torch, Lightning and
+Horovod once: see ``WORKER_START_METHOD``), which also hands rank 0's weights, state and metrics back to
+this process; we add the Horovod environment per rank and the run report.
 
 The launcher also watches the job: a worker that dies (signal, exit code) or raises ends all of them
 within seconds (:class:`WorkerFailure` names the rank and why); a collective that some ranks wait in for
@@ -28,6 +29,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 import torch.multiprocessing as mp
+from lightning.fabric.strategies.launchers.multiprocessing import _disable_module_memory_sharing
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies.launchers.multiprocessing import (
     _check_missing_main_guard,
     _GlobalStateSnapshot,
@@ -162,7 +165,7 @@ class CollectiveBoard:
     inspector stayed silent for such a stall when tried on this project's machines)."""
 
     def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(WORKER_START_METHOD)
         self.size = size
         self._since = ctx.RawArray("d", size)  # 0 = not inside a collective
         self._last = ctx.RawArray("d", size)  # when the last collective ended
@@ -284,6 +287,53 @@ def waiting(name: str) -> Iterator[None]:
         _board.leave(_board_rank)
 
 
+# Workers start from Python's fork server, which imports these once per launching process and forks a
+# worker per rank: a spawned worker imports them afresh, about 10 s of CPU each (8 workers on 2 cores took
+# ~45 s to start). Neither CUDA nor Horovod is initialised in the server, so forking from it is safe.
+WORKER_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+_SERVER_PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "horovod.torch")
+
+
+def prepare_worker_start(start_method: str) -> Dict[str, str]:
+    """Called in the launching process before its workers start; returns the environment they must see.
+    A forked worker inherits the fork server's environment (this process's when the server started, the
+    first launch), so the current one travels with the job (see :func:`enter_worker`)."""
+    if start_method == "forkserver":
+        multiprocessing.set_forkserver_preload(list(_SERVER_PRELOAD))  # no effect once the server runs
+    return dict(os.environ)
+
+
+def enter_worker(launch_env: Dict[str, str]) -> None:
+    """First thing in every worker: die with the launching process, and see its environment at launch
+    (exactly what a spawned worker would see)."""
+    _release_fork_server()
+    _die_with_parent()
+    for key in set(os.environ) - set(launch_env):
+        del os.environ[key]
+    os.environ.update(launch_env)
+
+
+def _release_fork_server() -> None:
+    # Python hands every forked process the write end of the pipe that keeps the fork server running, so
+    # the server outlived a killed launching process as long as its workers ran, and they (whose
+    # parent-death signal is tied to the server) ran on. Only the launching process keeps it now.
+    import multiprocessing.forkserver as forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # CPython internal
+    if fd is not None:
+        os.close(fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+
+
+def private_module_copies(start_method: str, strategy, args: Any, kwargs: Any) -> Tuple[Any, Any]:
+    """In a worker: its own copy of every module's tensors in the job's arguments. Tensors reach a worker
+    started by 'spawn' or 'forkserver' through shared memory; Lightning unshares modules only for 'spawn',
+    so on CPU every forked-from-server rank would update the same parameters."""
+    if start_method == "forkserver" and isinstance(strategy.accelerator, CPUAccelerator):
+        return _disable_module_memory_sharing((args, kwargs))
+    return args, kwargs
+
+
 def _die_with_parent() -> None:
     # A worker blocked inside Horovod never runs Python's handler for the SIGINT torch asks for when the
     # launching process dies, so orphans spun on; the kernel's SIGKILL always lands.
@@ -381,8 +431,9 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
     worker within seconds and raises :class:`WorkerFailure` naming the rank and the cause."""
 
     def __init__(self, strategy, stall_timeout_s: float = 300.0) -> None:
-        super().__init__(strategy, start_method="spawn")
+        super().__init__(strategy, start_method=WORKER_START_METHOD)
         self._stall_timeout_s = stall_timeout_s
+        self._launch_env: Dict[str, str] = {}
         self._port: Optional[int] = None
         self._board: Optional[CollectiveBoard] = None
 
@@ -404,6 +455,7 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         if self._already_fit and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             raise NotImplementedError("fit() twice on one Trainer with a spawning strategy; make a new Trainer "
                                       "and pass fit(ckpt_path=...)")
+        self._launch_env = prepare_worker_start(self._start_method)
         context = mp.get_context(self._start_method)
         return_queue = context.SimpleQueue()
         process_args = [trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()]
@@ -556,13 +608,15 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         reports = [self._report(context, i, code, seen, frozen.get(i, "")) for i, code in exits.items()]
         return blame(reports, size)
 
-    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+    def _wrapping_function(self, process_idx: int, trainer, function: Callable, args: Any, kwargs: Any,
+                           *rest: Any) -> None:
         global _board, _board_rank
-        _die_with_parent()
+        enter_worker(self._launch_env)
         os.environ.update(horovod_worker_env(process_idx, self._strategy.num_processes, self._port, self._stall_timeout_s))
         _board, _board_rank = self._board, process_idx
+        args, kwargs = private_module_copies(self._start_method, self._strategy, args, kwargs)
         try:
-            super()._wrapping_function(process_idx, *args, **kwargs)
+            super()._wrapping_function(process_idx, trainer, function, args, kwargs, *rest)
         except BaseException:
             self._board.note_failure(process_idx)
             raise

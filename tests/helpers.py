@@ -25,6 +25,25 @@ class RankSpread(Callback):
         trainer.callback_metrics["gathered_ranks"] = torch.tensor(float(gathered.shape[0]))
 
 
+def _forked_by_server(parent) -> bool:
+    return "multiprocessing.forkserver" in " ".join(parent.cmdline())
+
+
+def launching_pid() -> int:
+    """Seen from a worker: the launching process (its parent, or the fork server's parent when the worker
+    was forked from Python's fork server)."""
+    parent = psutil.Process(os.getppid())
+    return parent.ppid() if _forked_by_server(parent) else parent.pid
+
+
+def peer_workers():
+    """Seen from a worker: the other workers of its job (psutil processes)."""
+    parent = psutil.Process(os.getppid())
+    forked = _forked_by_server(parent)
+    return [p for p in parent.children()
+            if p.pid != os.getpid() and (forked or "spawn_main" in " ".join(p.cmdline()))]
+
+
 def _listeners(pid: int):
     proc = psutil.Process(pid)
     return [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
@@ -36,7 +55,7 @@ class ListeningSockets(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx != 1:
             return
-        addrs = _listeners(os.getpid()) + _listeners(os.getppid())
+        addrs = _listeners(os.getpid()) + _listeners(launching_pid())
         bad = [a for a in addrs if not (a.ip.startswith("127.") or a.ip == "::1")]
         total = trainer.strategy.reduce(torch.tensor(float(len(addrs))), reduce_op="sum")
         nonloop = trainer.strategy.reduce(torch.tensor(float(len(bad))), reduce_op="sum")
@@ -93,3 +112,16 @@ class CheckpointHoldsGroupModel(Callback):
         trainer.callback_metrics["checkpoint_vs_group_error"] = torch.tensor(max(self.errors, default=float("nan")))
         trainer.callback_metrics["saves_with_rank0_outside"] = torch.tensor(float(self.saves_with_rank0_outside))
         trainer.callback_metrics["saves"] = torch.tensor(float(self.saves))
+
+
+class EnvironmentProbe(Callback):
+    """Each named environment variable as a worker sees it at the first batch, as a number in
+    callback_metrics["env_<name>"] (rank 0's; -1 when unset). Values must be numbers."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == 0:
+            for name in self.names:
+                trainer.callback_metrics[f"env_{name}"] = torch.tensor(float(os.environ.get(name, -1)))

@@ -1,4 +1,4 @@
-"""Callbacks that break real workers on purpose (importable by spawned workers)."""
+"""Callbacks that break real workers on purpose (importable by the workers)."""
 from __future__ import annotations
 
 import os
@@ -6,6 +6,8 @@ import signal
 
 import torch
 from lightning.pytorch import Callback
+
+from tests.helpers import launching_pid, peer_workers
 
 
 class _AtStep(Callback):
@@ -58,7 +60,7 @@ class SocketAddresses(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx != 1:
             return
-        addrs = _inet_addresses(os.getpid()) + _inet_addresses(os.getppid())
+        addrs = _inet_addresses(os.getpid()) + _inet_addresses(launching_pid())
         bad = [a for a in addrs if not (a.startswith("127.") or a == "::1")]
         strategy = trainer.strategy
         trainer.callback_metrics["sockets_total"] = strategy.reduce(torch.tensor(float(len(addrs))), reduce_op="sum")
@@ -75,8 +77,7 @@ class RaiseAfterPeersFail(_AtStep):
 
         import psutil
 
-        peers = [p for p in psutil.Process(os.getppid()).children()
-                 if p.pid != os.getpid() and "spawn_main" in " ".join(p.cmdline())]
+        peers = peer_workers()
         trainer.strategy.comm.shutdown()
         psutil.wait_procs(peers, timeout=20.0)
         time.sleep(0.2)

@@ -140,3 +140,40 @@ def test_job_time_limit_ends_a_slow_job(tmp_path):
         train(job)
     assert info.value.kind == "timeout" and "trainer.job_timeout_s=10" in str(info.value)
     assert time.monotonic() - started < 10 + 30  # the limit, then at most SIGTERM grace and SIGKILL
+
+
+def test_a_killed_launching_process_leaves_no_worker_behind(tmp_path):
+    """SIGKILL of the process that called fit: its workers (forked from Python's fork server, so not its
+    own children) and the fork server are gone within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    job = small_job(tmp_path, max_steps=100000, max_epochs=1000, checkpoint_every_n_steps=0)
+    code = f"from lightning_straggler.train import train\ntrain({job!r})\n"
+    launcher = subprocess.Popen([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    descendants = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and launcher.poll() is None:
+            descendants = psutil.Process(launcher.pid).children(recursive=True)
+            workers = [p for p in descendants if p.ppid() != launcher.pid]  # forked by the server
+            if len(workers) >= 4:
+                break
+            time.sleep(0.5)
+        assert len(workers) >= 4, f"4 workers did not start ({len(descendants)} processes under the launcher)"
+        time.sleep(2.0)  # training
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        gone, alive = psutil.wait_procs(descendants, timeout=20)
+        assert not alive, f"left behind: {[(p.pid, p.status()) for p in alive]}"
+    finally:
+        for p in [launcher] + descendants:
+            try:
+                p.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass

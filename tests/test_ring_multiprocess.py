@@ -13,7 +13,7 @@ from lightning_straggler import RingStrategy
 from lightning_straggler.data import ArrayDataModule
 from lightning_straggler.models import Classifier
 from lightning_straggler.summary import SUMMARY_KEYS
-from tests.helpers import ListeningSockets, RankSpread, flat_params
+from tests.helpers import EnvironmentProbe, ListeningSockets, RankSpread, flat_params
 
 pytestmark = pytest.mark.multiprocess
 
@@ -44,6 +44,23 @@ def test_registered_by_string():
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ring", logger=False)
     assert isinstance(trainer.strategy, RingStrategy)
     assert trainer.strategy.is_distributed and trainer.strategy.num_processes == 2
+
+
+def test_workers_see_the_launching_process_environment_as_it_is_at_each_fit(monkeypatch):
+    """Workers fork from a server started at the first fit; the second fit's workers must still see the
+    environment of the second fit (a variable set, another removed), as spawned workers would."""
+    from lightning_straggler.launcher import WORKER_START_METHOD
+
+    assert WORKER_START_METHOD == "forkserver"  # Linux: the fast start is the one tested
+    monkeypatch.setenv("LS_TEST_FIRST", "1")
+    first = fit(make_model(), "ring", 2, 8, 1, callbacks=[EnvironmentProbe("LS_TEST_FIRST", "LS_TEST_SECOND")])
+    monkeypatch.delenv("LS_TEST_FIRST")
+    monkeypatch.setenv("LS_TEST_SECOND", "2")
+    second = fit(make_model(), "ring", 2, 8, 1, callbacks=[EnvironmentProbe("LS_TEST_FIRST", "LS_TEST_SECOND")])
+    assert first.callback_metrics["env_LS_TEST_FIRST"].item() == 1
+    assert first.callback_metrics["env_LS_TEST_SECOND"].item() == -1
+    assert second.callback_metrics["env_LS_TEST_FIRST"].item() == -1
+    assert second.callback_metrics["env_LS_TEST_SECOND"].item() == 2
 
 
 def test_ring_equals_single_process_training_on_the_global_batch():
