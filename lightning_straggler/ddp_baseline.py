@@ -5,7 +5,7 @@ fairly with the others, and nothing that changes how DDP trains:
 
 * launch: ``ddp_spawn``-style (Lightning's multiprocessing launcher) from the plain python process,
   started as the project's own launcher starts its workers (Python's fork server where it exists, else
-  ``spawn``; this changes start-up time only). Lightning's ``popen`` (subprocess-script)
+  ``spawn``; the training is the same, see README Launching for what else differs). Lightning's ``popen`` (subprocess-script)
   launcher re-runs the command line once per rank, which neither ``train(cfg)`` from code (tests,
   benchmarks) nor a Hydra multirun survive. Threads per worker: Lightning's launcher sets
   ``cores // workers`` (``OMP_NUM_THREADS`` unless set), as ours does. Gloo binds to loopback.
@@ -38,7 +38,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from torch.optim import Optimizer
 
 from lightning_straggler.launcher import (WORKER_START_METHOD, ResultsThroughFile, enter_worker, prepare_worker_start,
-                                          private_module_copies)
+                                          private_module_copies, start_workers)
 from lightning_straggler.profiling import StepRecorder
 
 NONFINITE_POLICIES = ("error", "skip")
@@ -97,13 +97,12 @@ class _DDPLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         from lightning_straggler.launcher import WorkerFailure
 
         _check_missing_main_guard()
-        self._launch_env = prepare_worker_start(self._start_method)
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
+        self._launch_env = prepare_worker_start(self._start_method)
         context = mp.get_context(self._start_method)
         return_queue = context.SimpleQueue()
         process_args = [trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()]
-        procs = mp.start_processes(self._wrapping_function, args=process_args, nprocs=self._strategy.num_processes,
-                                   start_method=self._start_method, join=False)
+        procs = start_workers(self, process_args)
         self.procs = procs.processes
         limit = float(getattr(self._strategy, "job_timeout_s", 0.0) or 0.0)
         deadline = getattr(self._strategy, "job_deadline", None) or (time.monotonic() + limit)

@@ -9,8 +9,9 @@ this process; we add the Horovod environment per rank and the run report.
 
 The launcher also watches the job: a worker that dies (signal, exit code) or raises ends all of them
 within seconds (:class:`WorkerFailure` names the rank and why); a collective that some ranks wait in for
-``stall_timeout_s`` is reported with every rank's collective and ends the job; workers die with this
-process (the kernel's parent-death signal), so a killed launcher leaves no spinning orphans.
+``stall_timeout_s`` is reported with every rank's collective and ends the job; workers die with their
+parent, the fork server (the kernel's parent-death signal), which ends with this process, so a killed
+launcher leaves no spinning orphans.
 """
 from __future__ import annotations
 
@@ -304,13 +305,35 @@ def prepare_worker_start(start_method: str) -> Dict[str, str]:
 
 
 def enter_worker(launch_env: Dict[str, str]) -> None:
-    """First thing in every worker: die with the launching process, and see its environment at launch
-    (exactly what a spawned worker would see)."""
+    """First thing in every worker: die with the launching process, and see its ``os.environ`` at launch
+    (what a spawned worker would see; what the interpreter and native libraries read when the server
+    started, e.g. ``OMP_NUM_THREADS``, ``PYTHONHASHSEED``, stays as it was at the first launch)."""
     _release_fork_server()
     _die_with_parent()
     for key in set(os.environ) - set(launch_env):
         del os.environ[key]
     os.environ.update(launch_env)
+
+
+def start_workers(launcher, process_args: List[Any]):
+    """``torch.multiprocessing.start_processes`` for a Lightning multiprocessing launcher. Every CPU tensor in
+    the job's arguments reaches a worker as a file descriptor, and Python's fork server passes at most
+    about 250 in one message ("too many fds": a model with that many parameters and buffers); such a job
+    starts with ``spawn`` instead, which has no such limit (logged)."""
+    def start():
+        return mp.start_processes(launcher._wrapping_function, args=process_args,
+                                  nprocs=launcher._strategy.num_processes, start_method=launcher._start_method,
+                                  join=False)
+
+    try:
+        return start()
+    except ValueError as e:
+        if launcher._start_method != "forkserver" or "too many fds" not in str(e):
+            raise
+    log.warning("the job's arguments hold more tensors than Python's fork server can pass to a worker; "
+                "starting the workers with spawn instead (slower start: each imports torch and Lightning)")
+    launcher._start_method = "spawn"
+    return start()
 
 
 def _release_fork_server() -> None:
@@ -426,7 +449,7 @@ class ResultsThroughFile:
 
 
 class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
-    """Spawns ``strategy.num_processes`` Horovod workers on this host and watches them: a worker that dies
+    """Starts ``strategy.num_processes`` Horovod workers on this host and watches them: a worker that dies
     or raises, a collective stalled for ``stall_timeout_s`` or a job over ``job_timeout_s`` ends every
     worker within seconds and raises :class:`WorkerFailure` naming the rank and the cause."""
 
@@ -459,9 +482,7 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
         context = mp.get_context(self._start_method)
         return_queue = context.SimpleQueue()
         process_args = [trainer, function, args, kwargs, return_queue, _GlobalStateSnapshot.capture()]
-        process_context = mp.start_processes(self._wrapping_function, args=process_args,
-                                             nprocs=self._strategy.num_processes, start_method=self._start_method,
-                                             join=False)
+        process_context = start_workers(self, process_args)
         self.procs = process_context.processes
         self._join(process_context)
         worker_output = return_queue.get()

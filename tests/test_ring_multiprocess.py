@@ -140,3 +140,25 @@ def test_checkpoint_written_once_by_rank_0_and_loadable(tmp_path):
     restored.load_state_dict(state)
     assert torch.equal(flat_params(restored), flat_params(model))  # the trained weights handed back
     assert trainer.checkpoint_callback.best_model_path == str(files[0])
+
+
+def test_a_model_with_more_tensors_than_the_fork_server_passes_starts_with_spawn_and_trains_right(caplog):
+    """Every CPU tensor reaches a worker as a file descriptor and the fork server passes at most ~250: a
+    model with 300 parameter tensors starts with spawn (logged) and still equals single-process training."""
+    import logging
+
+    def deep(seed=0):
+        pl.seed_everything(seed, verbose=False)
+        model = Classifier("mlp", 40, 10, hidden=[8] * 149, optimizer="sgd", lr=0.1)  # 150 layers: 300 tensors
+        assert sum(1 for _ in model.parameters()) >= 300
+        return model
+
+    perm = torch.randperm(len(train_set()), generator=torch.Generator().manual_seed(0)).tolist()
+    reference = deep()
+    fit(reference, "auto", 1, 2 * 8, 2, sampler=perm)
+    distributed = deep()
+    with caplog.at_level(logging.WARNING, logger="lightning_straggler.launcher"):
+        fit(distributed, "ring", 2, 8, 2)
+    assert any("starting the workers with spawn" in r.getMessage() for r in caplog.records)
+    diff = (flat_params(distributed) - flat_params(reference)).abs().max().item()
+    assert diff < 1e-5, f"ring (spawned) differs from single-process training by {diff}"
