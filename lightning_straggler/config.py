@@ -44,6 +44,9 @@ class RingConfig:
         pass
 
 
+DSSYNC_SYNC_MODES = ("params", "grads")
+
+
 @dataclass
 class DSSyncConfig:
     name: str = "dssync"
@@ -60,7 +63,7 @@ class DSSyncConfig:
 
         _check(1 <= self.group_size <= world_size, "algorithm.group_size", f"in 1..{world_size} (trainer.devices={world_size}, the number of workers)", self.group_size)
         _check(self.schedule in KINDS, "algorithm.schedule", f"one of {', '.join(KINDS)}", self.schedule)
-        _check(self.sync in ("params", "grads"), "algorithm.sync", "one of params, grads", self.sync)
+        _check(self.sync in DSSYNC_SYNC_MODES, "algorithm.sync", f"one of {', '.join(DSSYNC_SYNC_MODES)}", self.sync)
         _check(self.global_every_steps >= 0, "algorithm.global_every_steps", ">= 0 (0 = off)", self.global_every_steps)
         _check(_seed_ok(self.seed), "algorithm.seed", SEED_RANGE, self.seed)
         try:
@@ -286,7 +289,14 @@ def max_local_workers() -> int:
 
 # Horovod counts stall time in whole seconds; below 2 s a busy but healthy rank can look stalled.
 STALL_TIMEOUT_RANGE = (2.0, 86400.0)
-NONFINITE_POLICIES = ("error", "skip")  # as lightning_straggler.strategies.horovod_base (not imported: no torch here)
+NONFINITE_POLICIES = ("error", "skip")  # the strategies import these from here (this module needs no torch)
+
+
+def check_stall_timeout(stall_timeout_s: float) -> None:
+    """The strategies' constructor check of ``stall_timeout_s`` (``trainer.stall_timeout_s`` in a config)."""
+    low, high = STALL_TIMEOUT_RANGE
+    if not (isinstance(stall_timeout_s, (int, float)) and low <= stall_timeout_s <= high):
+        raise ValueError(f"stall_timeout_s must be in [{low:g}, {high:g}] seconds (got {stall_timeout_s!r})")
 
 
 @dataclass

@@ -37,11 +37,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.optim import Optimizer
 
+from lightning_straggler.config import NONFINITE_POLICIES, DDPConfig, TrainerConfig, check_stall_timeout
 from lightning_straggler.launcher import (WORKER_START_METHOD, ResultsThroughFile, enter_worker, prepare_worker_start,
                                           private_module_copies, start_workers)
 from lightning_straggler.profiling import StepRecorder
 
-NONFINITE_POLICIES = ("error", "skip")
 
 
 class TorchCollectives:
@@ -143,10 +143,10 @@ class DDPBaselineStrategy(DDPStrategy):
 
     strategy_name = "ddp"
 
-    def __init__(self, stall_timeout_s: float = 300.0, nonfinite: str = "error", model_averaging_period: int = 0,
-                 warmup_steps: int = 0, **kwargs: Any) -> None:
-        if stall_timeout_s <= 0:
-            raise ValueError(f"stall_timeout_s must be > 0 seconds (got {stall_timeout_s})")
+    def __init__(self, stall_timeout_s: float = TrainerConfig.stall_timeout_s, nonfinite: str = TrainerConfig.nonfinite,
+                 model_averaging_period: int = DDPConfig.model_averaging_period,
+                 warmup_steps: int = DDPConfig.warmup_steps, **kwargs: Any) -> None:
+        check_stall_timeout(stall_timeout_s)
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)} (got {nonfinite!r})")
         if model_averaging_period < 0 or warmup_steps < 0:

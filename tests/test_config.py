@@ -161,3 +161,36 @@ def _awar_period_true():
 def test_strategy_constructors_reject_what_the_schema_rejects(make, setting):
     with pytest.raises(ValueError, match=setting):
         make()
+
+
+@pytest.mark.parametrize("value, accepted", [(1.9, False), (2, True), (86400, True), (86401, False), ("10", False)])
+def test_strategies_take_the_trainer_schema_range_for_stall_timeout(value, accepted):
+    """One range for trainer.stall_timeout_s and the constructors' stall_timeout_s (Horovod and ddp)."""
+    from lightning_straggler.config import STALL_TIMEOUT_RANGE, TrainerConfig, ConfigError
+    from lightning_straggler.ddp_baseline import DDPBaselineStrategy
+    from lightning_straggler.strategies import RingStrategy
+
+    assert STALL_TIMEOUT_RANGE == (2.0, 86400.0)
+    for make in (RingStrategy, DDPBaselineStrategy):
+        if accepted:
+            assert make(stall_timeout_s=value).stall_timeout_s == value
+        else:
+            with pytest.raises(ValueError, match=r"stall_timeout_s must be in \[2, 86400\] seconds"):
+                make(stall_timeout_s=value)
+    if not isinstance(value, str):
+        cfg = TrainerConfig(stall_timeout_s=value)
+        if accepted:
+            cfg.validate()
+        else:
+            with pytest.raises(ConfigError, match="trainer.stall_timeout_s"):
+                cfg.validate()
+
+
+def test_strategies_default_to_the_trainer_schema():
+    from lightning_straggler.config import TrainerConfig
+    from lightning_straggler.ddp_baseline import DDPBaselineStrategy
+    from lightning_straggler.strategies import RingStrategy
+
+    for make in (RingStrategy, DDPBaselineStrategy):
+        strategy = make()
+        assert (strategy.stall_timeout_s, strategy.nonfinite) == (TrainerConfig.stall_timeout_s, TrainerConfig.nonfinite)

@@ -34,6 +34,24 @@ EPOCH_ONLY = 10**12  # "window" length when merges happen only at epoch ends / v
 
 
 class AwarStrategy(PartialGroupStrategy):
+    """Adaptive Weighted All-Reduce (``strategy="awar"``): stragglers train alone on their own copy while the
+    group all-reduces every step; a model average weighted by each worker's updates (or samples) merges
+    everyone at epoch ends, before validation, at the end and every ``period_steps`` (see the module docstring).
+
+    Args:
+        period_steps: also merge and re-classify every N optimizer steps (0 = only at epoch ends, before
+            validation and at the end of training). Default 20.
+        slow_ratio: a worker is a straggler when its median compute per step is at least this x the
+            group's, > 1 (default 1.5).
+        recover_ratio: a straggler rejoins the group when back under this x the group's, in
+            [1, ``slow_ratio``).
+        min_group: never fewer workers in the synchronous group (0 = half, rounded up); the least slow
+            stragglers stay in.
+        weighting: ``"updates"`` (gradient updates contributed since the last average, the thesis) or
+            ``"samples"``.
+        **kwargs: :class:`HorovodStrategy`'s arguments.
+    """
+
     strategy_name = "awar"
 
     # defaults: the config schema's (one source for Trainer(strategy=AwarStrategy()), Hydra and the simulator)

@@ -65,6 +65,26 @@ class GlobalBatchSampler(Sampler[List[int]]):
 
 
 class BoaStrategy(HorovodStrategy):
+    """Batch orchestration for workers of different speed (``strategy="boa"``): per-worker local batch sizes
+    from fitted time models so that all finish each step together; gradients weighted by local batch size,
+    so a step equals a single-process step on the global batch (see the module docstring).
+
+    Args:
+        global_batch: samples per optimizer step over all workers, kept fixed (0 = workers x the loader's
+            batch size).
+        min_local_batch: smallest local batch a worker gets (>= 1).
+        max_local_batch: memory cap per worker (0 = none); a global batch that cannot fit is an error.
+        window_steps: steps between measurement gathers and re-planning (0 = keep the initial split).
+        rebalance_gain: re-plan only when the predicted step time drops by more than this fraction
+            (default 0.05 = 5%).
+        tune_workers: leave out workers that cost more time than they add (they idle; logged).
+        history_windows: windows of measurements the time models are fitted on (>= 1).
+        initial_batch_sizes: the first allocation, one size per worker summing to ``global_batch``
+            (default: the global batch split evenly).
+        seed: seed of the shared per-epoch permutation of the training set.
+        **kwargs: :class:`HorovodStrategy`'s arguments.
+    """
+
     strategy_name = "boa"
     uses_subgroups = False
 

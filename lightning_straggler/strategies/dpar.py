@@ -35,6 +35,29 @@ from lightning_straggler.strategies.partial_group import LOCAL_STEPS, MEDIAN_COM
 
 
 class DparStrategy(PartialGroupStrategy):
+    """Dynamic Partial All-Reduce (``strategy="dpar"``): a worker detected as slow leaves the all-reduce
+    (joined, it adds zeros), keeps stepping alone so its speed is still measured, and is re-admitted with
+    the group's model when it recovers, or struck out for good (see the module docstring).
+
+    A worker is excluded when its median compute per step over a window is at least ``slow_ratio`` x the
+    group's and keeping it costs more than excluding it: keep = active workers x (its step time - the
+    group's); exclude = the group's step time x (1 + ``data_penalty``).
+
+    Args:
+        window_steps: optimizer steps between decision boundaries (>= 1).
+        slow_ratio: exclusion threshold, > 1 (default 1.5).
+        strikeout_ratio: struck out for good when at least this slow (>= ``slow_ratio``) ...
+        strikeout_windows: ... for this many consecutive windows.
+        readmit_ratio: re-admitted when back under this, in [1, ``slow_ratio``) ...
+        readmit_windows: ... for this many consecutive windows.
+        min_active: never fewer active workers (0 = half, rounded up).
+        data_penalty: cost of omitting a worker's data shard, as a fraction of a worker-step (>= 0).
+        scale_lr: scale the learning rate with the number of active workers.
+        reshard: from the next epoch the active workers take over excluded workers' shards (no data
+            omitted; epochs get world/active times as many steps).
+        **kwargs: :class:`HorovodStrategy`'s arguments.
+    """
+
     strategy_name = "dpar"
 
     # defaults: the config schema's (one source for Trainer(strategy=DparStrategy()), Hydra and the simulator)

@@ -22,14 +22,31 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.config import DSSYNC_SYNC_MODES as SYNC_MODES
 from lightning_straggler.config import DSSyncConfig as C
 from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
 from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
-SYNC_MODES = ("params", "grads")
-
 
 class DSSyncStrategy(HorovodStrategy):
+    """Divide-and-Shuffle Synchronization (``strategy="dssync"``): each step every worker averages only
+    within its small group; groups change every step so information still mixes (see the module docstring).
+
+    Args:
+        group_size: workers per group, 1..N (a world size it does not divide gets some larger groups).
+            Default 2.
+        schedule: ``"butterfly"`` (everyone mixed in ceil(log_g N) steps) or ``"random"`` (seeded partitions).
+        num_partitions: random schedule only: partitions in its cycle (default 4); must stay ``None`` for
+            butterfly.
+        seed: the random schedule's seed (every rank draws the same partitions).
+        sync: ``"params"`` averages parameters after the local step (the paper's code) or ``"grads"``
+            averages gradients before it.
+        global_every_steps: also average over all workers every N optimizer steps (0 = off).
+        global_at_epoch_end: average over all workers at every epoch end (always before validation and
+            at the end of training, so validation and checkpoints see one consensus model).
+        **kwargs: :class:`HorovodStrategy`'s arguments.
+    """
+
     strategy_name = "dssync"
     uses_subgroups = True
 

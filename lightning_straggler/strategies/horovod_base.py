@@ -28,10 +28,10 @@ from typing_extensions import override
 
 from lightning_straggler import cluster_env
 from lightning_straggler.comm import Collectives, HorovodCollectives
+from lightning_straggler.config import NONFINITE_POLICIES, TrainerConfig, check_stall_timeout
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
 from lightning_straggler.profiling import StepRecorder
 
-NONFINITE_POLICIES = ("error", "skip")
 # Key of this project's part of a Lightning checkpoint.
 CHECKPOINT_KEY = "lightning_straggler"
 
@@ -107,7 +107,21 @@ def _group_ranks(group: Any) -> Optional[Sequence[int]]:
 
 
 class HorovodStrategy(ParallelStrategy):
-    """Data-parallel training over Horovod process sets (Gloo on CPU, NCCL on GPU where built)."""
+    """Data-parallel training over Horovod process sets (Gloo on CPU, NCCL on GPU where built).
+
+    The base of every strategy here; the launcher starts ``devices`` local workers (loopback only), or the
+    strategy attaches to workers started by ``horovodrun`` or SLURM's ``srun``.
+
+    Args:
+        accelerator, parallel_devices, checkpoint_io, precision_plugin: as for Lightning's own strategies
+            (the Trainer fills them in).
+        stall_timeout_s: seconds a collective may wait for a rank before the job ends naming every rank's
+            collective (a frozen rank is named, killed and, with ``restart_on_failure``, left out). In
+            [2, 86400]; default 300 (``trainer.stall_timeout_s``).
+        comm: the collectives the strategy speaks to (default: :class:`HorovodCollectives`); tests pass
+            another implementation.
+        nonfinite: what a NaN/inf loss or gradient on any rank does: ``"error"`` stops training naming the
+            rank(s) and step; ``"skip"`` skips that optimizer step and logs an event (``trainer.nonfinite``)."""
 
     strategy_name = "horovod"
     # Whether the algorithm creates process sets for subgroups while running.
@@ -123,14 +137,13 @@ class HorovodStrategy(ParallelStrategy):
         parallel_devices: Optional[List[torch.device]] = None,
         checkpoint_io=None,
         precision_plugin=None,
-        stall_timeout_s: float = 300.0,
+        stall_timeout_s: float = TrainerConfig.stall_timeout_s,
         comm: Optional[Collectives] = None,
-        nonfinite: str = "error",
+        nonfinite: str = TrainerConfig.nonfinite,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
-        if stall_timeout_s <= 0:
-            raise ValueError(f"stall_timeout_s must be > 0 seconds (got {stall_timeout_s})")
+        check_stall_timeout(stall_timeout_s)
         self.stall_timeout_s = float(stall_timeout_s)
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)} (got {nonfinite!r})")

@@ -14,6 +14,12 @@ from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
 
 class RingStrategy(HorovodStrategy):
+    """Synchronous gradient all-reduce over every worker at every step (``strategy="ring"``).
+
+    Takes only :class:`~lightning_straggler.strategies.horovod_base.HorovodStrategy`'s arguments. Every step
+    waits for the slowest worker: the baseline the other strategies are measured against.
+    """
+
     strategy_name = "ring"
     uses_subgroups = False
 
