@@ -76,13 +76,13 @@ def test_rank_slice_concatenates_to_the_global_batch():
 
 
 def test_time_model_does_not_turn_settled_noise_into_a_free_worker():
-    from lightning_straggler.strategies.boa import BoaStrategy
+    from lightning_straggler.policies.boa import time_model_from_points
 
     # a settled allocation: batch sizes 44..46, noisy times around 5 ms/sample
     settled = [(44, 0.230), (45, 0.221), (46, 0.226), (45, 0.229)]
-    m = BoaStrategy._time_model(settled, 45)
+    m = time_model_from_points(settled, 45)
     assert m.intercept_s == 0.0 and m.per_sample_s > 0.004
     # well-spread sizes: the least-squares line (10 ms + 2 ms/sample) is kept
     spread = [(8, 0.026), (16, 0.042), (32, 0.074)]
-    m = BoaStrategy._time_model(spread, 16)
+    m = time_model_from_points(spread, 16)
     assert abs(m.intercept_s - 0.010) < 1e-3 and abs(m.per_sample_s - 0.002) < 1e-4

@@ -18,7 +18,7 @@ from lightning_straggler.sim import (
     factor_matrix,
     simulate,
 )
-from lightning_straggler.sim.boa import rebalance_decision
+from lightning_straggler.policies.boa import rebalance_decision
 
 MIX = [1.0, 1.0, 1.0, 1 / 0.6, 1 / 0.6, 1 / 0.6, 1 / 0.3, 1 / 0.3]
 
@@ -143,7 +143,10 @@ def test_dssync_contains_a_straggler_to_its_group_for_one_step():
     assert end[-1] == pytest.approx([53 * step] * 8)
 
 
-def test_rebalance_decision_matches_the_strategy():
+def test_the_strategy_decides_with_the_policy_on_its_gathered_records():
+    """BoaStrategy._decide sorts rank 0's gathered (rank, batch, seconds) rows per rank and takes the policy's
+    decision (the simulator calls the same policy), adding the step it applies from."""
+    from lightning_straggler.policies.boa_schedule import AllocationSchedule
     from lightning_straggler.strategies.boa import BoaStrategy
 
     rng = np.random.default_rng(0)
@@ -152,21 +155,18 @@ def test_rebalance_decision_matches_the_strategy():
     points = [[(32.0, float(f * 32 * 1e-3 * (1 + 0.02 * rng.standard_normal()))) for _ in range(10)]
               for f in [1.0, 1.0, 1.7, 3.3, 1.2]]
     ours = rebalance_decision(points, current, total, rebalance_gain=0.05)
-
-    class Schedule:
-        global_batch = total
-
-        @staticmethod
-        def at(step):
-            return current
-
-    stub = SimpleNamespace(world_size=n, _points=[[(float(i), b, t) for i in range(n) for b, t in points[i]]],
-                           schedule=Schedule, _time_model=BoaStrategy._time_model, _allreduce_cost_s=lambda: 0.0,
-                           min_local_batch=1, max_local_batch=0, tune_workers=False, rebalance_gain=0.05)
+    # two windows, every window's rows interleaved by rank as the all-gather returns them
+    windows = [[(float(i), b, t) for i in range(n) for b, t in points[i][w * 5:(w + 1) * 5]] for w in range(2)]
+    stub = SimpleNamespace(world_size=n, _points=windows, schedule=AllocationSchedule(current),
+                           _allreduce_cost_s=lambda: 0.0, min_local_batch=1, max_local_batch=0, tune_workers=False,
+                           rebalance_gain=0.05)
     theirs = BoaStrategy._decide(stub, 12)
     assert ours is not None and theirs is not None
-    assert ours["batch_sizes"] == theirs["batch_sizes"]
-    assert ours["predicted_gain"] == pytest.approx(theirs["predicted_gain"])
+    assert theirs["from_step"] == 12
+    assert theirs["batch_sizes"] == ours["batch_sizes"] and sum(ours["batch_sizes"]) == total
+    assert ours["batch_sizes"][3] < 32 < ours["batch_sizes"][0]  # the 3.3x slow rank gives samples away
+    assert theirs["predicted_gain"] == ours["predicted_gain"] > 0.05
+    assert theirs["models"] == [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in ours["models"]]
 
 
 def test_counted_samples_follow_the_summary_rules():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence
 
@@ -40,6 +41,10 @@ __all__ = [
     "gradient_weights",
     "BoaPlan",
     "plan",
+    "initial_allocation",
+    "time_model_from_points",
+    "allreduce_cost_at",
+    "rebalance_decision",
 ]
 
 
@@ -437,3 +442,74 @@ def plan(models: Sequence[LinearTimeModel], global_batch: int, min_local_batch: 
         global_batch=B,
         excluded=sorted(set(range(n)) - set(active)),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# The strategy's decisions (BoaStrategy gathers and applies them; sim/boa.py calls the same functions)
+# --------------------------------------------------------------------------------------------------
+
+
+def initial_allocation(world_size: int, local_batch: int, global_batch: int = 0, min_local_batch: int = 1,
+                       max_local_batch: int = 0, initial_batch_sizes: Optional[Sequence[int]] = None) -> List[int]:
+    """The first split: ``initial_batch_sizes`` if given, else the global batch (0 = workers x
+    ``local_batch``) split evenly, the first ``B mod N`` workers one sample more."""
+    n = world_size
+    if initial_batch_sizes is not None:
+        sizes = [int(b) for b in initial_batch_sizes]
+        if len(sizes) != n:
+            raise ValueError(f"initial_batch_sizes needs one entry per worker ({n}) (got {sizes})")
+        return sizes
+    total = global_batch or local_batch * n
+    if total < n * min_local_batch or (max_local_batch and total > n * max_local_batch):
+        raise ValueError(f"global_batch {total} cannot be placed on {n} workers within "
+                         f"min_local_batch={min_local_batch}, max_local_batch={max_local_batch or 'none'}")
+    return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+
+def time_model_from_points(points: Sequence[tuple], current: int) -> LinearTimeModel:
+    """One worker's time model from its (batch size, compute seconds) records.
+
+    Least squares where the batch sizes spread enough to tell slope from intercept; otherwise (and
+    whenever the fit puts less than half the time on the samples) time proportional to the batch. Once
+    an allocation settles, each rank's sizes barely move, and a free fit then turns noise into a zero
+    slope: the planner would treat that rank as free and pile samples on it."""
+    real = [(b, t) for b, t in points if current > 0 or b > 1] or list(points)  # skip placeholders when possible
+    sizes, times = [b for b, _ in real], [t for _, t in real]
+    per_sample = float(statistics.median(t / b for b, t in real))
+    proportional = LinearTimeModel(0.0, max(per_sample, PER_SAMPLE_FLOOR_S))
+    mean_b = sum(sizes) / len(sizes)
+    if max(sizes) - min(sizes) < 0.25 * mean_b:
+        return proportional
+    fitted = fit_linear_time_model(sizes, times)
+    return fitted if fitted.per_sample_s >= 0.5 * per_sample else proportional
+
+
+def allreduce_cost_at(measured_s: float, world_size: int) -> Callable[[int], float]:
+    """The all-reduce cost measured at ``world_size`` workers, scaled to k workers: a ring all-reduce moves
+    2(k-1)/k of the gradient per worker."""
+    n = world_size
+
+    def cost(k: int) -> float:
+        return measured_s * (2 * (k - 1) / k) / (2 * (n - 1) / n) if n > 1 else 0.0
+
+    return cost
+
+
+def rebalance_decision(points: Sequence[Sequence[tuple]], current: Sequence[int], global_batch: int,
+                       min_local_batch: int = 1, max_local_batch: int = 0, tune_workers: bool = False,
+                       measured_allreduce_s: float = 0.0, rebalance_gain: float = 0.05) -> Optional[dict]:
+    """Rank 0's re-planning at a window's end, from ``points[i]`` = rank i's (batch size, compute seconds)
+    records over the recent windows: the new batch sizes, the workers left out and the predicted step
+    times, or None to keep ``current`` (the predicted gain is at most ``rebalance_gain``, or the plan is
+    the same). ``models`` holds each rank's :class:`LinearTimeModel`."""
+    n = len(current)
+    models = [time_model_from_points(list(points[i]), current[i]) for i in range(n)]
+    result = plan(models, global_batch, min_local_batch, max_local_batch or None, tune_workers=tune_workers,
+                  allreduce_cost_s=allreduce_cost_at(measured_allreduce_s, n) if tune_workers else None)
+    predicted_now = predicted_step_time(models, current)
+    gain = (predicted_now - result.predicted_step_time_s) / predicted_now if predicted_now > 0 else 0.0
+    if gain <= rebalance_gain or list(result.batch_sizes) == list(current):
+        return None
+    return {"batch_sizes": list(result.batch_sizes), "excluded": list(result.excluded),
+            "predicted_step_s_before": predicted_now, "predicted_step_s_after": result.predicted_step_time_s,
+            "predicted_gain": gain, "models": models}

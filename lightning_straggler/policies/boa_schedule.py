@@ -14,8 +14,6 @@ from __future__ import annotations
 import bisect
 from typing import List, Sequence, Tuple
 
-import torch
-
 
 class AllocationSchedule:
     """Batch sizes in force from given steps on; changes are appended in step order."""
@@ -58,6 +56,8 @@ class AllocationSchedule:
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> List[int]:
+    import torch  # here only: the schedule itself (also the simulator's) needs no torch
+
     return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 

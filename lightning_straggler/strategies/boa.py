@@ -16,7 +16,6 @@ summed over ranks, which is the gradient of the global batch's mean loss; the le
 """
 from __future__ import annotations
 
-import statistics
 from typing import Iterator, List, Optional, Sequence
 
 import torch
@@ -123,26 +122,15 @@ class BoaStrategy(HorovodStrategy):
         super().setup(trainer)
 
     # --- data ---------------------------------------------------------------------------------
-    def _initial_allocation(self, local_batch: int) -> List[int]:
-        n = self.world_size
-        if self.initial_batch_sizes is not None:
-            sizes = [int(b) for b in self.initial_batch_sizes]
-            if len(sizes) != n:
-                raise ValueError(f"initial_batch_sizes needs one entry per worker ({n}) (got {sizes})")
-            return sizes
-        total = self.global_batch or local_batch * n
-        if total < n * self.min_local_batch or (self.max_local_batch and total > n * self.max_local_batch):
-            raise ValueError(f"global_batch {total} cannot be placed on {n} workers within "
-                             f"min_local_batch={self.min_local_batch}, max_local_batch={self.max_local_batch or 'none'}")
-        return [total // n + (1 if i < total % n else 0) for i in range(n)]
-
     @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer
         if not (isinstance(dataloader, DataLoader) and trainer.training):
             return dataloader  # validation / test loaders keep Lightning's DistributedSampler
         if self.schedule is None:
-            self.schedule = AllocationSchedule(self._initial_allocation(dataloader.batch_size or 1))
+            self.schedule = AllocationSchedule(boa_policy.initial_allocation(
+                self.world_size, dataloader.batch_size or 1, self.global_batch, self.min_local_batch,
+                self.max_local_batch, self.initial_batch_sizes))
             self.record_event("allocation", batch_sizes=list(self.schedule.at(0)), reason="initial",
                               global_batch=self.schedule.global_batch)
         self.sampler = GlobalBatchSampler(len(dataloader.dataset), self.global_rank, self.schedule, self.seed)
@@ -185,45 +173,18 @@ class BoaStrategy(HorovodStrategy):
             self.record_event("rebalance", **decision)
 
     def _decide(self, from_step: int) -> Optional[dict]:
-        """Rank 0: fit time models from the recent windows and re-plan if it pays off enough."""
-        n = self.world_size
-        samples = [[(b, t) for rank, b, t in (p for window in self._points for p in window) if int(rank) == i]
-                   for i in range(n)]
-        current = list(self.schedule.at(from_step))
-        models = [self._time_model(pts, current[i]) for i, pts in enumerate(samples)]
-        measured = self._allreduce_cost_s()
-
-        def allreduce_cost_s(k: int) -> float:
-            # ring all-reduce moves 2(k-1)/k of the gradient per worker: scale the measured cost at n to k
-            return measured * (2 * (k - 1) / k) / (2 * (n - 1) / n) if n > 1 else 0.0
-
-        plan = boa_policy.plan(models, self.schedule.global_batch, self.min_local_batch,
-                               self.max_local_batch or None, tune_workers=self.tune_workers,
-                               allreduce_cost_s=allreduce_cost_s if self.tune_workers else None)
-        predicted_now = boa_policy.predicted_step_time(models, current)
-        gain = (predicted_now - plan.predicted_step_time_s) / predicted_now if predicted_now > 0 else 0.0
-        if gain <= self.rebalance_gain or list(plan.batch_sizes) == current:
+        """Rank 0: the policy's re-planning on each rank's records of the recent windows."""
+        points: List[List[tuple]] = [[] for _ in range(self.world_size)]
+        for window in self._points:
+            for rank, b, t in window:
+                points[int(rank)].append((b, t))
+        decision = boa_policy.rebalance_decision(
+            points, list(self.schedule.at(from_step)), self.schedule.global_batch, self.min_local_batch,
+            self.max_local_batch, self.tune_workers, self._allreduce_cost_s(), self.rebalance_gain)
+        if decision is None:
             return None
-        return {"from_step": from_step, "batch_sizes": list(plan.batch_sizes), "excluded": list(plan.excluded),
-                "predicted_step_s_before": predicted_now, "predicted_step_s_after": plan.predicted_step_time_s,
-                "predicted_gain": gain,
-                "models": [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in models]}
-
-    @staticmethod
-    def _time_model(points: List[tuple], current: int) -> "boa_policy.LinearTimeModel":
-        """Least squares where the batch sizes spread enough to tell slope from intercept; otherwise
-        (and whenever the fit puts less than half the time on the samples) time proportional to the
-        batch. Once an allocation settles, each rank's sizes barely move, and a free fit then turns
-        noise into a zero slope: the planner would treat that rank as free and pile samples on it."""
-        real = [(b, t) for b, t in points if current > 0 or b > 1] or points  # skip placeholder points when possible
-        sizes, times = [b for b, _ in real], [t for _, t in real]
-        per_sample = float(statistics.median(t / b for b, t in real))
-        proportional = boa_policy.LinearTimeModel(0.0, max(per_sample, boa_policy.PER_SAMPLE_FLOOR_S))
-        mean_b = sum(sizes) / len(sizes)
-        if max(sizes) - min(sizes) < 0.25 * mean_b:
-            return proportional
-        fitted = boa_policy.fit_linear_time_model(sizes, times)
-        return fitted if fitted.per_sample_s >= 0.5 * per_sample else proportional
+        models = [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in decision.pop("models")]
+        return {"from_step": from_step, **decision, "models": models}
 
     def _allreduce_cost_s(self) -> float:
         # rank 0's fastest recent all-reduce: the transfer alone, without waiting for stragglers
