@@ -19,7 +19,10 @@ def test_without_stragglers_awar_trains_exactly_like_ring():
     ring = make_model()
     fit(ring, "ring", 4, 8, steps)
     awar = make_model()
-    strategy = AwarStrategy(period_steps=5)
+    # the detection threshold out of reach of CPU contention: on a loaded 2-core machine rank 0's median
+    # once came to 1.5x the group's and it was classed a straggler; emulated device time, equal on every
+    # rank, dominates the real compute. This test is about the no-straggler path equalling ring.
+    strategy = AwarStrategy(period_steps=5, slow_ratio=4.0)
     fit(awar, strategy, 4, 8, steps, callbacks=[StragglerInjector(device_ms_per_sample=4.0)])
     assert [e for e in strategy.run_report["events"] if e["kind"] == "classification"] == []
     assert (flat_params(awar) - flat_params(ring)).abs().max().item() < 1e-5
