@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from lightning_straggler.policies.group_floor import join_safe_floor
 
 NORMAL, STRAGGLER = "normal", "straggler"
 
@@ -100,3 +102,49 @@ def average_weights(updates: Sequence[float], samples: Sequence[float], weightin
     if total == 0:
         return [1.0 / len(raw)] * len(raw)
     return [x / total for x in raw]
+
+
+#: ``period_steps=0``: no periodic merge; the group's window is then longer than any run, so boundaries
+#: come only at the sync points (epoch ends, validation, checkpoints, the end of training).
+EPOCH_ONLY = 10**12
+
+
+def merge_window(period_steps: int) -> int:
+    """Steps between periodic merges (and re-classifications): ``period_steps``, or none if 0."""
+    return period_steps or EPOCH_ONLY
+
+
+class AwarMembership:
+    """AWAR's membership over a job: every worker's class, the synchronous group, when a merge is due and
+    its weights. ``AwarStrategy`` keeps one on every rank and the simulator one per run; both feed it the
+    same gathered numbers. ``join_fixed`` as for ``DparMembership`` (the floor is ``min_group``)."""
+
+    def __init__(self, world_size: int, thresholds: AwarThresholds, weighting: str = "updates",
+                 join_fixed: bool = True) -> None:
+        thresholds.validate(world_size)
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")
+        self.configured_floor = thresholds.min_group_for(world_size)
+        self.thresholds = replace(thresholds, min_group=join_safe_floor(world_size, self.configured_floor, join_fixed))
+        self.weighting = weighting
+        self.states: List[str] = [NORMAL] * world_size
+
+    @property
+    def world_size(self) -> int:
+        return len(self.states)
+
+    def group(self) -> Tuple[int, ...]:
+        """The NORMAL ranks (sorted), or everyone if all were classed stragglers."""
+        return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(self.world_size))
+
+    def merges(self, old_group: Sequence[int]) -> bool:
+        """A weighted average is due at a boundary where someone trained on its own copy."""
+        return len(old_group) < self.world_size
+
+    def merge_weights(self, updates: Sequence[float], samples: Sequence[float]) -> List[float]:
+        return average_weights(updates, samples, self.weighting)
+
+    def classify(self, window_medians: Sequence[Optional[float]]) -> List[Dict]:
+        """Re-classify from every rank's median compute per step (None: no measurement); the changes."""
+        self.states, changes = classify(window_medians, self.states, self.thresholds)
+        return changes

@@ -85,10 +85,12 @@ mutated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from lightning_straggler.policies.group_floor import join_safe_floor
 
 ACTIVE, SLOW, STRUCK_OUT = "active", "slow", "struck_out"
 STATES = (ACTIVE, SLOW, STRUCK_OUT)
@@ -111,6 +113,7 @@ __all__ = [
     "DparDecision",
     "window_median",
     "decide",
+    "DparMembership",
 ]
 
 
@@ -412,3 +415,63 @@ def decide(times: Sequence[Optional[float]], memory: DparMemory, thresholds: Dpa
     transitions.sort(key=lambda tr: tr.rank)
     return DparDecision(states=tuple(states), transitions=tuple(transitions), group_time=g,
                         memory=DparMemory(states, slow_streak, recovered))
+
+
+class DparMembership:
+    """DPAR's membership over a job: every worker's state, the synchronous group it makes, who still
+    computes outside the group, and the decision at each boundary. ``DparStrategy`` keeps one on every
+    rank and the simulator one per run; both feed it the same gathered window medians.
+
+    ``join_fixed``: whether Horovod's ``join()`` is safe with several ranks out (the project's patched
+    build); if not, the floor is raised so that at most one rank is out above 4 workers
+    (``policies/group_floor.py``). ``configured_floor`` / ``thresholds.min_active`` tell whether it was.
+    """
+
+    def __init__(self, world_size: int, thresholds: DparThresholds, join_fixed: bool = True) -> None:
+        thresholds.validate(world_size)
+        self.configured_floor = thresholds.min_active_for(world_size)
+        self.thresholds = replace(thresholds, min_active=join_safe_floor(world_size, self.configured_floor, join_fixed))
+        self.memory = DparMemory.initial(world_size)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.memory.states)
+
+    @property
+    def states(self) -> List[str]:
+        return list(self.memory.states)
+
+    def group(self) -> Tuple[int, ...]:
+        """The ACTIVE ranks (sorted): the members of every step's all-reduce until the next boundary."""
+        return tuple(r for r, s in enumerate(self.memory.states) if s == ACTIVE)
+
+    def computes_outside_group(self, rank: int) -> bool:
+        """SLOW ranks keep stepping alone (their speed is still measured); STRUCK_OUT ranks do not."""
+        return self.memory.states[rank] != STRUCK_OUT
+
+    def decide(self, window_medians: Sequence[Optional[float]]) -> DparDecision:
+        """A boundary's decision from every rank's median compute per step (None: no measurement)."""
+        decision = decide(window_medians, self.memory, self.thresholds)
+        self.memory = decision.memory
+        return decision
+
+    def merges(self, old_group: Sequence[int], new_group: Sequence[int]) -> bool:
+        """DPAR's merge rule: while any rank is or was outside the group, everyone continues from the old
+        group's model (its leader broadcasts the training state); local updates outside it are dropped."""
+        return len(old_group) < self.world_size or len(new_group) < self.world_size
+
+    @staticmethod
+    def transition_event(transition: Transition, group_time: float) -> dict:
+        """The logged fields of one transition (the strategy and the simulator log the same)."""
+        return {"rank": transition.rank, "from_state": transition.from_state, "to_state": transition.to_state,
+                "ratio": transition.ratio, "keep_cost": transition.keep_cost,
+                "exclude_cost": transition.exclude_cost, "reason": transition.reason, "group_time": group_time}
+
+    def to_dict(self) -> dict:
+        return self.memory.to_dict()
+
+    def restore(self, memory: dict) -> None:
+        restored = DparMemory.from_dict(memory)
+        if len(restored.states) != self.world_size:
+            raise ValueError(f"a dpar memory of {len(restored.states)} ranks cannot be restored on {self.world_size}")
+        self.memory = restored

@@ -13,19 +13,11 @@ Stragglers' local steps count: their updates enter the average with their weight
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import statistics
 from collections.abc import Sequence
 
-from lightning_straggler.policies.awar import (
-    NORMAL,
-    AwarThresholds,
-    average_weights,
-    classify,
-)
 from lightning_straggler.config import AwarConfig
-from lightning_straggler.policies.group_floor import join_safe_floor
+from lightning_straggler.policies.awar import AwarMembership, AwarThresholds, merge_window
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
     GroupPolicy,
@@ -42,45 +34,37 @@ def _median_or_none(times: Sequence[float]) -> float | None:
 
 
 class AwarPolicy(GroupPolicy):
+    """The strategy's membership (``policies.awar.AwarMembership``) plugged into the simulated protocol.
+    ``join_fixed``: the Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1."""
+
     name = "awar"
 
     def __init__(self, world_size: int, period_steps: int = AwarConfig.period_steps, thresholds: AwarThresholds | None = None,
-                 weighting: str = "updates", join_fixed: bool = True) -> None:
-        self.window_steps = period_steps or 10**12  # 0: merges only at sync points, as the strategy
-        self.thresholds = thresholds or AwarThresholds()
-        # as AwarStrategy.setup: no more ranks out of the group than join() allows (join_fixed: the
-        # Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1)
-        self.thresholds = replace(self.thresholds, min_group=join_safe_floor(
-            world_size, self.thresholds.min_group_for(world_size), join_fixed))
-        self.thresholds.validate(world_size)
-        self.weighting = weighting
-        self.states = [NORMAL] * world_size
+                 weighting: str = AwarConfig.weighting, join_fixed: bool = True) -> None:
+        self.window_steps = merge_window(period_steps)
+        self.membership = AwarMembership(world_size, thresholds or AwarThresholds(), weighting, join_fixed)
         self.events: list[dict] = []
 
+    @property
+    def thresholds(self) -> AwarThresholds:
+        return self.membership.thresholds
+
     def group(self) -> tuple[int, ...]:
-        return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(len(self.states)))
+        return self.membership.group()
 
     def counts_local_samples(self) -> bool:
         return True
 
     def on_boundary(self, rows: list[Row], old_group: tuple[int, ...], position: int) -> None:
-        if len(old_group) < len(rows):
+        if self.membership.merges(old_group):
             updates, samples = [row[3] for row in rows], [row[2] for row in rows]
-            weights = average_weights(updates, samples, self.weighting)
-            self.events.append({"kind": "average", "step": position, "weights": weights, "updates": updates,
-                                "stragglers": [r for r in range(len(rows)) if r not in old_group]})
-        self.states, changes = classify([row[1] for row in rows], self.states, self.thresholds)
-        for change in changes:
+            self.events.append({"kind": "average", "step": position, "weights": self.membership.merge_weights(updates, samples),
+                                "updates": updates, "stragglers": [r for r in range(len(rows)) if r not in old_group]})
+        for change in self.membership.classify([row[1] for row in rows]):
             self.events.append({"kind": "classification", "step": position, **change})
 
     def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
-        n = workload.world_size
-        if len(old_group) < n:
-            return merge_s(network, workload)
-        return 0.0
-
-    def min_group_size(self) -> int:
-        return self.thresholds.min_group_for(len(self.states))
+        return merge_s(network, workload) if self.membership.merges(old_group) else 0.0
 
 
 def merge_s(network: Network, workload: Workload) -> float:

@@ -15,18 +15,8 @@ doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank c
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from lightning_straggler.policies.dpar import (
-    ACTIVE,
-    STRUCK_OUT,
-    DparMemory,
-    DparThresholds,
-    decide,
-    window_median,
-)
 from lightning_straggler.config import DparConfig
-from lightning_straggler.policies.group_floor import join_safe_floor
+from lightning_straggler.policies.dpar import ACTIVE, DparMembership, DparThresholds, window_median
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
     GroupPolicy,
@@ -38,41 +28,35 @@ from lightning_straggler.sim.workload import Workload
 
 
 class DparPolicy(GroupPolicy):
+    """The strategy's membership (``policies.dpar.DparMembership``) plugged into the simulated protocol.
+    ``join_fixed``: the Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1."""
+
     name = "dpar"
 
     def __init__(self, world_size: int, window_steps: int = DparConfig.window_steps, thresholds: DparThresholds | None = None,
                  join_fixed: bool = True) -> None:
         self.window_steps = window_steps
-        self.thresholds = thresholds or DparThresholds()
-        # as DparStrategy.setup: no more ranks out of the group than join() allows (join_fixed: the
-        # Horovod build of scripts/setup.sh; False models a stock Horovod 0.28.1)
-        self.thresholds = replace(self.thresholds, min_active=join_safe_floor(
-            world_size, self.thresholds.min_active_for(world_size), join_fixed))
-        self.thresholds.validate(world_size)
-        self.memory = DparMemory.initial(world_size)
+        self.membership = DparMembership(world_size, thresholds or DparThresholds(), join_fixed)
         self.events: list[dict] = []
 
+    @property
+    def thresholds(self) -> DparThresholds:
+        return self.membership.thresholds
+
     def group(self) -> tuple[int, ...]:
-        return tuple(r for r, s in enumerate(self.memory.states) if s == ACTIVE)
+        return self.membership.group()
 
     def computes_outside_group(self, rank: int) -> bool:
-        return self.memory.states[rank] != STRUCK_OUT
+        return self.membership.computes_outside_group(rank)
 
     def on_boundary(self, rows: list[Row], old_group: tuple[int, ...], position: int) -> None:
-        decision = decide([row[1] for row in rows], self.memory, self.thresholds)
-        self.memory = decision.memory
+        decision = self.membership.decide([row[1] for row in rows])
         for t in decision.transitions:
-            self.events.append({"kind": "transition", "step": position, "rank": t.rank, "from_state": t.from_state,
-                                "to_state": t.to_state, "ratio": t.ratio, "reason": t.reason})
-
-    def min_group_size(self) -> int:
-        return self.thresholds.min_active_for(len(self.memory.states))
+            self.events.append({"kind": "transition", "step": position,
+                                **self.membership.transition_event(t, decision.group_time)})
 
     def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
-        n = workload.world_size
-        if len(old_group) < n or len(new_group) < n:
-            return state_broadcast_s(network, workload)
-        return 0.0
+        return state_broadcast_s(network, workload) if self.membership.merges(old_group, new_group) else 0.0
 
 
 def state_broadcast_s(network: Network, workload: Workload) -> float:
@@ -86,5 +70,5 @@ def simulate_dpar(workload: Workload, network: Network, window_steps: int = Dpar
                   thresholds: DparThresholds | None = None) -> SimResult:
     policy = DparPolicy(workload.world_size, window_steps, thresholds)
     result = simulate_partial_group(workload, network, policy, window_median)
-    result.notes = f"final states: {sum(s == ACTIVE for s in policy.memory.states)} active of {workload.world_size}"
+    result.notes = f"final states: {sum(s == ACTIVE for s in policy.membership.states)} active of {workload.world_size}"
     return result

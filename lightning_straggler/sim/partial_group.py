@@ -44,7 +44,8 @@ Row = tuple[int, Optional[float], int, int, int]
 
 
 class GroupPolicy:
-    """What dpar and awar plug into the protocol (mirrors ``PartialGroupStrategy``'s abstract methods)."""
+    """What dpar and awar plug into the protocol: their membership objects (``policies``), as
+    ``PartialGroupStrategy`` subclasses use them, plus each merge's modelled cost."""
 
     name = "partial"
     window_steps = 20
@@ -61,10 +62,6 @@ class GroupPolicy:
     def merge_cost_s(self, old_group: tuple[int, ...], new_group: tuple[int, ...], network: Network,
                      workload: Workload) -> float:
         return 0.0
-
-    def min_group_size(self) -> int:
-        """The floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
-        return 1
 
     def counts_local_samples(self) -> bool:
         """Whether samples of local steps outside the group reach the model (awar: yes; dpar: no)."""

@@ -20,17 +20,15 @@ Batches a straggler passes over to catch up with the group at a merge are not tr
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 from torch import Tensor
 from typing_extensions import override
 
 from lightning_straggler.config import AwarConfig
-from lightning_straggler.policies.awar import NORMAL, STRAGGLER, WEIGHTINGS, AwarThresholds, average_weights, classify
+from lightning_straggler.policies.awar import NORMAL, STRAGGLER, WEIGHTINGS, AwarMembership, AwarThresholds, merge_window
 from lightning_straggler.strategies.partial_group import MEDIAN_COMPUTE, SAMPLES, STEPS, PartialGroupStrategy
 
-EPOCH_ONLY = 10**12  # "window" length when merges happen only at epoch ends / validation / the end
 
 
 class AwarStrategy(PartialGroupStrategy):
@@ -62,26 +60,24 @@ class AwarStrategy(PartialGroupStrategy):
             raise ValueError(f"period_steps must be an integer >= 0 (0 = only at epoch ends) (got {period_steps!r})")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")
-        super().__init__(window_steps=period_steps or EPOCH_ONLY, **kwargs)
+        super().__init__(window_steps=merge_window(period_steps), **kwargs)
         self.period_steps, self.weighting = period_steps, weighting
         self.thresholds = AwarThresholds(slow_ratio=slow_ratio, recover_ratio=recover_ratio, min_group=min_group)
-        self.states: List[str] = []
+        self.membership: Optional[AwarMembership] = None  # made at set-up, when the world size is known
 
     @override
     def setup(self, trainer) -> None:
         super().setup(trainer)
-        self.thresholds.validate(self.world_size)
-        floor = self.group_floor(self.thresholds.min_group_for(self.world_size))
-        self.thresholds = replace(self.thresholds, min_group=floor)
-        self.states = [NORMAL] * self.world_size
+        self.membership = AwarMembership(self.world_size, self.thresholds, self.weighting, self.comm.join_is_fixed())
+        self.note_group_floor(self.membership.configured_floor, self.membership.thresholds.min_group)
 
-    @override
-    def min_group_size(self, world_size: int) -> int:
-        return self.thresholds.min_group_for(world_size)
+    @property
+    def states(self) -> List[str]:
+        return list(self.membership.states) if self.membership else [NORMAL] * self.world_size
 
     @override
     def group(self) -> Tuple[int, ...]:
-        return tuple(r for r, s in enumerate(self.states) if s == NORMAL) or tuple(range(self.world_size))
+        return self.membership.group() if self.membership else tuple(range(self.world_size))
 
     def model_tensors(self) -> List[Tensor]:
         """What the weighted average covers: parameters and floating-point buffers."""
@@ -106,16 +102,15 @@ class AwarStrategy(PartialGroupStrategy):
 
     @override
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
-        if len(old_group) < self.world_size:  # someone trained on its own copy: merge
+        if self.membership.merges(old_group):  # someone trained on its own copy: merge
             updates, samples = [r[STEPS] for r in rows], [r[SAMPLES] for r in rows]
-            weights = average_weights(updates, samples, self.weighting)
+            weights = self.membership.merge_weights(updates, samples)
             self.weighted_average(weights, leader=old_group[0])
             self.record_event("average", step=position, weighting=self.weighting, weights=weights,
                               updates=[int(u) for u in updates], samples=[int(s) for s in samples],
                               stragglers=[r for r in range(self.world_size) if r not in old_group])
         times = [None if r[MEDIAN_COMPUTE] != r[MEDIAN_COMPUTE] else r[MEDIAN_COMPUTE] for r in rows]  # NaN -> None
-        self.states, changes = classify(times, self.states, self.thresholds)
-        for change in changes:
+        for change in self.membership.classify(times):
             self.record_event("classification", step=position, **change)
 
     @override
@@ -131,7 +126,7 @@ class AwarStrategy(PartialGroupStrategy):
     @override
     def load_strategy_state(self, state: dict) -> None:
         super().load_strategy_state(state)
-        self.states = list(state["awar"]["states"])
+        self.membership.states = list(state["awar"]["states"])
 
     @override
     def on_train_end(self) -> None:

@@ -22,7 +22,6 @@ worker's shard (its local updates are discarded anyway).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -30,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from typing_extensions import override
 
 from lightning_straggler.config import DparConfig as D
-from lightning_straggler.policies.dpar import ACTIVE, STRUCK_OUT, DparMemory, DparThresholds, decide
+from lightning_straggler.policies.dpar import ACTIVE, DparMembership, DparThresholds
 from lightning_straggler.strategies.partial_group import LOCAL_STEPS, MEDIAN_COMPUTE, SAMPLES, PartialGroupStrategy
 
 
@@ -72,32 +71,26 @@ class DparStrategy(PartialGroupStrategy):
                                          strikeout_windows=strikeout_windows, readmit_ratio=readmit_ratio,
                                          readmit_windows=readmit_windows, min_active=min_active,
                                          data_penalty=data_penalty)
-        self.memory: Optional[DparMemory] = None
+        self.membership: Optional[DparMembership] = None  # made at set-up, when the world size is known
         self.discarded_samples = 0  # this rank's samples whose updates were thrown away
 
     @property
     def states(self) -> List[str]:
-        return list(self.memory.states) if self.memory else [ACTIVE] * self.world_size
+        return self.membership.states if self.membership else [ACTIVE] * self.world_size
 
     @override
     def group(self) -> Tuple[int, ...]:
-        return tuple(r for r, s in enumerate(self.states) if s == ACTIVE)
-
-    @override
-    def min_group_size(self, world_size: int) -> int:
-        return self.thresholds.min_active_for(world_size)
+        return self.membership.group() if self.membership else tuple(range(self.world_size))
 
     @override
     def computes_outside_group(self, rank: int) -> bool:
-        return self.states[rank] != STRUCK_OUT
+        return self.membership.computes_outside_group(rank) if self.membership else True
 
     @override
     def setup(self, trainer) -> None:
         super().setup(trainer)
-        self.thresholds.validate(self.world_size)
-        floor = self.group_floor(self.thresholds.min_active_for(self.world_size))
-        self.thresholds = replace(self.thresholds, min_active=floor)
-        self.memory = DparMemory.initial(self.world_size)
+        self.membership = DparMembership(self.world_size, self.thresholds, self.comm.join_is_fixed())
+        self.note_group_floor(self.membership.configured_floor, self.membership.thresholds.min_active)
         if self.reshard:
             # the shards follow the membership, so the training loader is rebuilt at every epoch start
             trainer.reload_dataloaders_every_n_epochs = 1
@@ -131,19 +124,17 @@ class DparStrategy(PartialGroupStrategy):
     @override
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
         times = [None if r[MEDIAN_COMPUTE] != r[MEDIAN_COMPUTE] else r[MEDIAN_COMPUTE] for r in rows]  # NaN -> None
-        decision = decide(times, self.memory, self.thresholds)
-        self.memory = decision.memory
+        decision = self.membership.decide(times)
         if self.global_rank not in old_group:
             self.discarded_samples += int(rows[self.global_rank][SAMPLES])  # about to be overwritten
         for t in decision.transitions:
-            details = {k: getattr(t, k) for k in ("rank", "from_state", "to_state", "ratio", "keep_cost",
-                                                  "exclude_cost", "reason")}
+            details = self.membership.transition_event(t, decision.group_time)
             if t.to_state == ACTIVE:
                 details["discarded_local_steps"] = int(rows[t.rank][LOCAL_STEPS])
                 details["note"] = "re-admitted with the group's parameters and optimizer state; local updates discarded"
-            self.record_event("transition", step=position, group_time=decision.group_time, **details)
+            self.record_event("transition", step=position, **details)
         new_group = self.group()
-        if len(old_group) < self.world_size or len(new_group) < self.world_size:
+        if self.membership.merges(old_group, new_group):
             self.broadcast_training_state(root=old_group[0])  # everyone continues from the group's model
         if self.scale_lr and len(new_group) != len(old_group):
             for optimizer in self.optimizers:
@@ -162,7 +153,7 @@ class DparStrategy(PartialGroupStrategy):
     @override
     def strategy_state(self) -> dict:
         state = super().strategy_state()
-        state["dpar"] = {"memory": self.memory.to_dict() if self.memory else None,
+        state["dpar"] = {"memory": self.membership.to_dict() if self.membership else None,
                          "discarded_samples": self.discarded_samples}
         return state
 
@@ -171,5 +162,5 @@ class DparStrategy(PartialGroupStrategy):
         super().load_strategy_state(state)
         saved = state["dpar"]
         if saved["memory"] is not None:
-            self.memory = DparMemory.from_dict(saved["memory"])
+            self.membership.restore(saved["memory"])
         self.discarded_samples = int(saved["discarded_samples"])

@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_straggler.policies.group_floor import join_safe_floor, max_outside
+from lightning_straggler.policies.group_floor import max_outside
 from lightning_straggler.profiling import StepRecord
 from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_name, batch_size_of
 
@@ -82,20 +82,13 @@ class PartialGroupStrategy(HorovodStrategy):
     def group(self) -> Tuple[int, ...]:
         """Ranks that synchronise every step (sorted)."""
 
-    @abstractmethod
-    def min_group_size(self, world_size: int) -> int:
-        """The algorithm's floor on the group's size (DPAR's ``min_active``, AWAR's ``min_group``)."""
-
-    def group_floor(self, configured: int) -> int:
-        """``policies.group_floor.join_safe_floor``, logged when it raises the configured floor."""
-        fixed = self.comm.join_is_fixed()
-        floor = join_safe_floor(self.world_size, configured, fixed)
-        if floor > configured:
-            self.record_event("group_floor", configured=configured, used=floor,
-                              note=f"at most {max_outside(self.world_size, fixed)} rank(s) out of the group at "
-                                   f"{self.world_size} workers: this Horovod's join() is unsafe with more "
+    def note_group_floor(self, configured: int, used: int) -> None:
+        """Log when the membership raised the configured floor (``policies.group_floor.join_safe_floor``)."""
+        if used > configured:
+            self.record_event("group_floor", configured=configured, used=used,
+                              note=f"at most {max_outside(self.world_size, self.comm.join_is_fixed())} rank(s) out of "
+                                   f"the group at {self.world_size} workers: this Horovod's join() is unsafe with more "
                                    "(stock 0.28.1; scripts/setup.sh builds it with the fix)")
-        return floor
 
     def computes_outside_group(self, rank: int) -> bool:
         """Whether a rank outside the group still computes (DPAR's struck-out ranks do not)."""
