@@ -4,8 +4,8 @@ One module per protocol (``ring``, ``dssync``, ``boa``, ``dpar``, ``awar``, and 
 ``backup`` = synchronous SGD with backup workers and ``async_sgd``), over a :class:`Workload`
 (per-worker compute times from the project's straggler schedules) and a :class:`Network`
 (alpha-beta costs of the collectives). The decisions (exclusions, weights, groups, batch sizes) are
-made by the same policy code the strategies call. Pure Python + numpy; only ``boa`` reaches into its
-strategy module for the time-model choice, which lives there.
+made by the same policy code the strategies call. Pure Python + numpy: importing it loads neither torch nor
+Lightning.
 
     from lightning_straggler.sim import Workload, ETHERNET_25G, simulate
     w = Workload(world_size=64, batch_per_worker=64, per_sample_s=3e-3, steps=120, grad_bytes=102.4e6,

@@ -24,4 +24,7 @@ def register_strategies(registry=StrategyRegistry) -> None:
             registry.register(name, cls, description=description)
 
 
+register_strategies()  # importing any strategy makes every name usable in Trainer(strategy=...)
+
+
 __all__ = ["AwarStrategy", "BoaStrategy", "DparStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy", "STRATEGIES", "register_strategies"]
