@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -511,3 +513,33 @@ def test_aggregate_only_of_an_interrupted_grid_plans_with_its_own_options(tmp_pa
     assert "--aggregate-only: the measuring invocation's options" in printed
     assert "2 algorithms ['ring', 'dpar'] x 1 scenarios ['none'] x N [2] x seeds [0]: 2 runs" in printed, printed
     assert report["settings"]["argv"] == argv
+
+
+COMMITTED_GRIDS = sorted(p for p in (Path(__file__).parent.parent / "benchmarks" / "results" / "matrix").iterdir()
+                         if (p / m.RUNS_JSONL).exists())
+
+
+@pytest.mark.parametrize("grid", COMMITTED_GRIDS, ids=lambda p: p.name)
+def test_committed_aggregate_equals_a_fresh_aggregation_of_the_committed_runs(grid, tmp_path):
+    """Every README figure of a committed grid can be recomputed from what ships: --aggregate-only --shipped on a
+    copy of its runs.jsonl, commands.jsonl and summary.json gives the committed summary.json (paths aside)."""
+    out = tmp_path / grid.name
+    out.mkdir()
+    for name in (m.RUNS_JSONL, "commands.jsonl", "summary.json", "invocation.json"):
+        if (grid / name).exists():
+            shutil.copy(grid / name, out / name)
+    committed = json.loads((grid / "summary.json").read_text())
+    m.main(["--aggregate-only", str(out), "--shipped"])
+    fresh = json.loads((out / "summary.json").read_text())
+
+    def comparable(summary):  # where the grid ran and where it is re-aggregated are the same directory
+        text = json.dumps(summary).replace(committed["output_dir"], "<out>").replace(str(out), "<out>")
+        s = json.loads(text)
+        for volatile in ("stamp", "output_dir", "plots"):
+            s.pop(volatile, None)
+        s["settings"].pop("argv", None)
+        return s
+
+    a, b = comparable(committed), comparable(fresh)
+    assert a["cells"] and a["cells"] == b["cells"]
+    assert a == b
