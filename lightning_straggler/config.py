@@ -92,7 +92,9 @@ class BoaConfig:
         low = world_size * self.min_local_batch
         high = world_size * self.max_local_batch if self.max_local_batch else None
         _check(self.global_batch >= low and (high is None or self.global_batch <= high), "algorithm.global_batch",
-               f"in {low}..{high if high else 'inf'} ({world_size} workers x [min_local_batch, max_local_batch])",
+               f"in {low}..{high if high else 'inf'} (trainer.devices={world_size} workers x "
+               f"[algorithm.min_local_batch={self.min_local_batch}, "
+               f"algorithm.max_local_batch={self.max_local_batch or 'no cap'}])",
                self.global_batch)
         _check(self.window_steps >= 0, "algorithm.window_steps", ">= 0 (0 = never re-plan)", self.window_steps)
         _check(_finite(self.rebalance_gain) and self.rebalance_gain >= 0, "algorithm.rebalance_gain", "a finite number >= 0",
@@ -174,7 +176,7 @@ ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig
 
 
 # --- straggler scenarios ----------------------------------------------------------------------
-SCENARIOS = ("none", "static", "transient", "random")
+SCENARIOS = ("none", "static", "transient", "random", "trace")
 
 
 @dataclass
@@ -190,13 +192,15 @@ class StragglerConfig:
     scenario: str = "none"
     factors: List[float] = field(default_factory=list)  # static
     events: List[SlowdownEventConfig] = field(default_factory=list)  # transient
-    seed: int = 0  # random
-    probability: float = 0.1
-    factor_min: float = 2.0
-    factor_max: float = 4.0
-    duration_min: int = 10
-    duration_max: int = 40
-    window_steps: int = 20
+    seed: int = 0  # random, trace
+    probability: float = 0.1  # random
+    factor_min: float = 2.0  # random, trace
+    factor_max: float = 4.0  # random, trace
+    duration_min: int = 10  # random, trace (an episode's minimum, the Pareto scale)
+    duration_max: int = 40  # random, trace (the cap)
+    window_steps: int = 20  # random
+    gap_min: int = 100  # trace: minimum steps between episodes (the gaps' Pareto scale)
+    tail_index: float = 1.5  # trace: Pareto tail index of gaps and episodes (smaller = heavier tail)
     device_ms_per_sample: float = 0.0  # emulated accelerator time per sample (scaled by the factor)
 
     def validate(self, world_size: int) -> None:
@@ -229,6 +233,17 @@ class StragglerConfig:
             _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
             _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
             _check(self.window_steps >= 1, "straggler.window_steps", ">= 1 step", self.window_steps)
+        if self.scenario == "trace":
+            _check(_finite(self.factor_min) and self.factor_min >= 1.0, "straggler.factor_min", "a finite number >= 1.0",
+                   self.factor_min)
+            _check(_finite(self.factor_max) and self.factor_max >= self.factor_min, "straggler.factor_max",
+                   f"a finite number >= factor_min ({self.factor_min})", self.factor_max)
+            _check(_seed_ok(self.seed), "straggler.seed", SEED_RANGE, self.seed)
+            _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
+            _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
+            _check(self.gap_min >= 1, "straggler.gap_min", ">= 1 step", self.gap_min)
+            _check(_finite(self.tail_index) and 0.5 <= self.tail_index <= 10, "straggler.tail_index",
+                   "a number in [0.5, 10] (Pareto tail index; smaller = heavier tail)", self.tail_index)
 
     def schedule(self):
         from lightning_straggler.policies import injection as inj
@@ -240,6 +255,9 @@ class StragglerConfig:
         if self.scenario == "random":
             return inj.RandomSchedule(self.seed, self.probability, self.factor_min, self.factor_max,
                                       self.duration_min, self.duration_max, self.window_steps)
+        if self.scenario == "trace":
+            return inj.TraceSchedule(self.seed, self.tail_index, self.gap_min, self.duration_min, self.duration_max,
+                                     self.factor_min, self.factor_max)
         return inj.StragglerSchedule()
 
 

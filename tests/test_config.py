@@ -13,7 +13,7 @@ def test_default_config_composes_and_validates(compose):
     assert cfg.data.name == "mnist1d"
 
 
-@pytest.mark.parametrize("group,option", [("straggler", s) for s in ("none", "static", "transient", "random")]
+@pytest.mark.parametrize("group,option", [("straggler", s) for s in ("none", "static", "transient", "random", "trace")]
                          + [("model", "mlp"), ("model", "cnn"), ("data", "synthetic"), ("trainer", "quick")])
 def test_every_shipped_option_validates(compose, group, option):
     overrides = [f"{group}={option}"]

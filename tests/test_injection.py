@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,3 +64,47 @@ def test_added_delay_closed_form():
     assert added_delay_s(3.0, 0.010, 0.0, 32) == pytest.approx(0.020)
     # emulated device time scales with the factor: 2 x 5 ms x 32 samples, plus (2-1) x 10 ms of real compute
     assert added_delay_s(2.0, 0.010, 5.0, 32) == pytest.approx(0.010 + 0.320)
+
+
+def test_trace_schedule_is_a_pure_function_of_seed_rank_step():
+    from lightning_straggler.policies.injection import TraceSchedule
+
+    args = (3, 1.5, 60, 20, 300, 1.5, 6.0)
+    forward, backward = TraceSchedule(*args), TraceSchedule(*args)
+    steps = range(0, 2000, 7)
+    a = [forward.factor(r, s) for r in range(4) for s in steps]
+    b = [backward.factor(r, s) for r in reversed(range(4)) for s in reversed(steps)]
+    assert a == [x for r in range(4) for x in reversed(b[(3 - r) * len(steps):(4 - r) * len(steps)])]
+    assert any(f > 1 for f in a) and TraceSchedule(4, *args[1:]).factor(0, 500) is not None
+    assert [TraceSchedule(s, *args[1:]).events_until(1, 2000) for s in (3, 4)][0] != \
+        TraceSchedule(4, *args[1:]).events_until(1, 2000)
+
+
+def test_trace_schedule_episodes_are_heavy_tailed_within_their_bounds():
+    from lightning_straggler.policies.injection import TraceSchedule
+
+    t = TraceSchedule(0, 1.5, 60, 20, 300, 1.5, 6.0)
+    events = t.events_until(64, 5000)
+    lengths = np.array([e.end_step - e.start_step for e in events])
+    assert len(events) > 1000
+    assert lengths.min() >= 20 and lengths.max() <= 300
+    assert all(1.5 <= e.factor <= 6.0 for e in events)
+    # Pareto(1.5) above its minimum: P(L > 4 x min) = 4^-1.5 = 1/8, P(L > 10 x min) = 10^-1.5 = 3.2% (then capped)
+    assert abs(np.mean(lengths > 80) - 0.125) < 0.03
+    assert 0.015 < np.mean(lengths >= 200) < 0.05
+    # per rank the episodes do not overlap and gaps are at least gap_min
+    for rank in range(4):
+        own = [e for e in events if e.rank == rank]
+        assert own[0].start_step >= 60
+        assert all(b.start_step - a.end_step >= 60 for a, b in zip(own, own[1:]))
+
+
+def test_trace_settings_are_checked_by_name():
+    from lightning_straggler.config import ConfigError, StragglerConfig
+
+    StragglerConfig(scenario="trace").validate(4)
+    for bad, name in (({"tail_index": 0.1}, "straggler.tail_index"), ({"gap_min": 0}, "straggler.gap_min"),
+                      ({"duration_max": 5}, "straggler.duration_max"), ({"factor_min": 0.5}, "straggler.factor_min")):
+        with pytest.raises(ConfigError, match=name):
+            StragglerConfig(scenario="trace", **bad).validate(4)
+    assert StragglerConfig(scenario="trace").schedule().describe()["scenario"] == "trace"

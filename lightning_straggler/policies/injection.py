@@ -114,6 +114,56 @@ class RandomSchedule(StragglerSchedule):
                 "duration_range": [self.duration_min, self.duration_max], "window_steps": self.window_steps}
 
 
+class TraceSchedule(StragglerSchedule):
+    """Trace-like slowdowns: every rank alternates healthy gaps and slow episodes whose lengths are
+    heavy-tailed, as measured slowdowns in shared clusters are (most episodes short, a few very long).
+
+    Per rank, a seeded sequence: gap, episode, gap, episode, ... Gaps and episodes are Pareto-distributed
+    with tail index ``tail_index`` (alpha; smaller = heavier tail, alpha <= 2 has infinite variance) and
+    scales ``gap_min`` and ``duration_min`` steps (their minimum lengths); episodes are capped at
+    ``duration_max`` steps. An episode's factor is log-uniform in [factor_min, factor_max] (as many
+    1.5-2x as 2-4x slowdowns in a 1.5-4 range). The factor is a pure function of (seed, rank, step).
+    """
+
+    scenario = "trace"
+
+    def __init__(self, seed: int, tail_index: float, gap_min: int, duration_min: int, duration_max: int,
+                 factor_min: float, factor_max: float) -> None:
+        self.seed, self.tail_index = int(seed), float(tail_index)
+        self.gap_min, self.duration_min, self.duration_max = int(gap_min), int(duration_min), int(duration_max)
+        self.factor_min, self.factor_max = float(factor_min), float(factor_max)
+        self._episodes: dict = {}  # rank -> (list of SlowdownEvent in order, rng, next free step)
+
+    def _pareto_steps(self, rng: np.random.Generator, scale: int) -> int:
+        return int(scale * (1.0 - rng.random()) ** (-1.0 / self.tail_index))  # inverse CDF, >= scale
+
+    def episodes(self, rank: int, until_step: int) -> List[SlowdownEvent]:
+        """Rank's episodes in order, at least up to the first one that starts after ``until_step``."""
+        events, rng, cursor = self._episodes.get(rank) or ([], np.random.default_rng([self.seed, rank]), 0)
+        while cursor <= until_step:
+            start = cursor + self._pareto_steps(rng, self.gap_min)
+            length = min(self.duration_max, self._pareto_steps(rng, self.duration_min))
+            factor = float(np.exp(rng.uniform(np.log(self.factor_min), np.log(self.factor_max))))
+            events.append(SlowdownEvent(rank, factor, start, start + length))
+            cursor = start + length
+        self._episodes[rank] = (events, rng, cursor)
+        return events
+
+    def factor(self, rank: int, step: int) -> float:
+        if step < 0:
+            return 1.0
+        return max([e.factor for e in self.episodes(rank, step) if e.active(rank, step)], default=1.0)
+
+    def events_until(self, world_size: int, steps: int) -> List[SlowdownEvent]:
+        """Every episode that starts before ``steps`` (for the summary and for tests)."""
+        return [e for rank in range(world_size) for e in self.episodes(rank, steps) if e.start_step < steps]
+
+    def describe(self) -> dict:
+        return {"scenario": self.scenario, "seed": self.seed, "tail_index": self.tail_index, "gap_min": self.gap_min,
+                "duration_range": [self.duration_min, self.duration_max],
+                "factor_range": [self.factor_min, self.factor_max]}
+
+
 def added_delay_s(factor: float, measured_compute_s: float, device_ms_per_sample: float, samples: int) -> float:
     """Sleep that turns a step into one on a device ``factor`` times slower.
 
