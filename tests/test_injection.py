@@ -108,3 +108,14 @@ def test_trace_settings_are_checked_by_name():
         with pytest.raises(ConfigError, match=name):
             StragglerConfig(scenario="trace", **bad).validate(4)
     assert StragglerConfig(scenario="trace").schedule().describe()["scenario"] == "trace"
+
+
+def test_the_simulator_lays_a_trace_onto_its_factor_matrix_exactly():
+    from lightning_straggler.policies.injection import TraceSchedule
+    from lightning_straggler.sim import factor_matrix
+
+    t = TraceSchedule(1, 1.3, 30, 10, 200, 1.5, 6.0)
+    bulk = factor_matrix(t, 6, 700)
+    assert (bulk > 1).any()
+    assert bulk.tolist() == [[TraceSchedule(1, 1.3, 30, 10, 200, 1.5, 6.0).factor(r, s) for s in range(700)]
+                             for r in range(6)]

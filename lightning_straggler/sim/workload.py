@@ -73,8 +73,8 @@ def schedule_from_config(straggler: ScheduleLike) -> inj.StragglerSchedule:
 def factor_matrix(schedule: inj.StragglerSchedule, world_size: int, steps: int) -> np.ndarray:
     """``F[r, s] = schedule.factor(r, s)`` for every rank and step, computed in bulk.
 
-    Static and transient schedules and the random schedule's own events (``events_until``, drawn by
-    the schedule's seeded generators) are laid onto the matrix directly; any other schedule is
+    Static and transient schedules and the random and trace schedules' own events (``events_until``,
+    drawn by the schedule's seeded generators) are laid onto the matrix directly; any other schedule is
     asked step by step. Overlapping events take the largest factor, as ``factor`` does.
     """
     out = np.ones((world_size, steps))
@@ -90,7 +90,7 @@ def factor_matrix(schedule: inj.StragglerSchedule, world_size: int, steps: int) 
         k = min(world_size, len(schedule.factors))
         out[:k, :] = np.asarray(schedule.factors[:k], dtype=float)[:, None]
         return out
-    if isinstance(schedule, (inj.TransientSchedule, inj.RandomSchedule)):
+    if isinstance(schedule, (inj.TransientSchedule, inj.RandomSchedule, inj.TraceSchedule)):
         events = schedule.events if isinstance(schedule, inj.TransientSchedule) else schedule.events_until(world_size, steps)
         for e in events:
             if 0 <= e.rank < world_size:
