@@ -1254,7 +1254,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             commands = before.get("commands", [])
             # the measuring invocation's load and duration, not this re-aggregation's
             load_start = before.get("load_avg", {}).get("start", load_start)
-            a.previous = {k: before[k] for k in ("load_avg", "total_runtime_s", "mode") if k in before}
+            a.previous = {k: before[k] for k in ("load_avg", "total_runtime_s", "mode", "cpu_count") if k in before}
     elif a.sweep:
         runs, solo, commands = run_sweep(plan, out, started, a.launcher)
         mode = "sweep"

@@ -22,10 +22,11 @@ _log = logging.getLogger(__name__)
 
 
 def register_strategies(registry: Any = None) -> None:
-    """Register every strategy name with Lightning's ``StrategyRegistry`` (or ``registry``)."""
-    from lightning_straggler import strategies
+    """Register every strategy name with Lightning's ``StrategyRegistry`` (or ``registry``); each class is
+    imported when Lightning builds it (``lightning_straggler/registry.py``)."""
+    from lightning_straggler import registry as names
 
-    strategies.register_strategies() if registry is None else strategies.register_strategies(registry)
+    names.register_strategies(registry)
 
 
 def __getattr__(name: str) -> Any:
@@ -60,11 +61,8 @@ class _RegisterWhenLightningLoads(importlib.abc.MetaPathFinder):
 
 
 def _register_quietly() -> None:
-    # called from inside Lightning's import: a failure here (e.g. Horovod missing) must not break
-    # `import lightning`; it resurfaces, with its traceback, when a strategy is used
-    importing = sys.modules.get("lightning_straggler.strategies")
-    if importing is not None and not hasattr(importing, "register_strategies"):
-        return  # Lightning is being imported by our own strategies package, which registers when done
+    # called from inside Lightning's import, which a failure here must not break (it needs only
+    # Lightning's registry, so none is expected)
     try:
         register_strategies()
     except Exception as e:  # noqa: BLE001

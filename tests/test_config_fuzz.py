@@ -47,7 +47,7 @@ def raw_configs(draw):
     """A config dict: a random algorithm and scenario, then 0..5 random overrides (unknown keys included)."""
     algorithm = draw(st.sampled_from(sorted(ALGORITHM_SCHEMAS)))
     raw = {"algorithm": {"name": algorithm}, "trainer": {"devices": draw(st.integers(1, 6))},
-           "straggler": {"scenario": draw(st.sampled_from(["none", "static", "transient", "random"]))}}
+           "straggler": {"scenario": draw(st.sampled_from(["none", "static", "transient", "random", "trace"]))}}
     for _ in range(draw(st.integers(0, 5))):
         kind = draw(st.integers(0, 9))
         if kind == 0:  # an unknown key somewhere
@@ -122,7 +122,7 @@ def test_every_config_validates_and_builds_or_names_the_setting(raw):
 @st.composite
 def overrides(draw):
     algorithm = draw(st.sampled_from(sorted(ALGORITHM_SCHEMAS)))
-    out = [f"algorithm={algorithm}", f"straggler={draw(st.sampled_from(['none', 'static', 'transient', 'random']))}",
+    out = [f"algorithm={algorithm}", f"straggler={draw(st.sampled_from(['none', 'static', 'transient', 'random', 'trace']))}",
            f"trainer={draw(st.sampled_from(['default', 'quick']))}"]
     groups = {**GROUPS, "algorithm": ALGORITHM_SCHEMAS[algorithm]}
     # ring and ddp have no settings besides their name: nothing to override in that group

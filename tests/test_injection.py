@@ -75,7 +75,9 @@ def test_trace_schedule_is_a_pure_function_of_seed_rank_step():
     a = [forward.factor(r, s) for r in range(4) for s in steps]
     b = [backward.factor(r, s) for r in reversed(range(4)) for s in reversed(steps)]
     assert a == [x for r in range(4) for x in reversed(b[(3 - r) * len(steps):(4 - r) * len(steps)])]
-    assert any(f > 1 for f in a) and TraceSchedule(4, *args[1:]).factor(0, 500) is not None
+    assert any(f > 1 for f in a)
+    with pytest.raises(ValueError, match="gap_min >= 1"):
+        TraceSchedule(0, 1.5, 0, 0, 10, 1.5, 6.0)  # would never advance
     assert [TraceSchedule(s, *args[1:]).events_until(1, 2000) for s in (3, 4)][0] != \
         TraceSchedule(4, *args[1:]).events_until(1, 2000)
 

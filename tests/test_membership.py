@@ -84,3 +84,11 @@ def test_the_simulator_uses_the_same_membership_objects():
     assert isinstance(awar.membership, AwarMembership)
     awar.on_boundary([(r, t, 32, 20, 0) for r, t in enumerate([1.0, 1.0, 1.0, 3.0])], (0, 1, 2, 3), 19)
     assert awar.group() == (0, 1, 2) and awar.events[0]["kind"] == "classification"
+
+
+def test_awar_membership_restores_only_its_own_world():
+    m = AwarMembership(4, AwarThresholds())
+    m.restore([NORMAL, STRAGGLER, NORMAL, NORMAL])
+    assert m.group() == (0, 2, 3)
+    with pytest.raises(ValueError, match="cannot be restored on 4 ranks"):
+        m.restore([NORMAL] * 3)

@@ -27,6 +27,8 @@ def test_policies_and_the_simulator_import_without_torch_or_lightning():
     "import lightning.pytorch; import lightning_straggler",          # Lightning first
     "import lightning_straggler; import lightning",                  # the top-level Lightning package
     "from lightning_straggler.strategies.dpar import DparStrategy",  # a strategy module alone
+    "import lightning_straggler.launcher",                           # modules that load Lightning themselves
+    "import lightning_straggler.comm",
 ])
 def test_every_strategy_name_is_registered_whatever_the_import_order(order):
     out = _run(f"{order}; from lightning.pytorch.strategies import StrategyRegistry; "

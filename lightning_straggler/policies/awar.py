@@ -144,6 +144,11 @@ class AwarMembership:
     def merge_weights(self, updates: Sequence[float], samples: Sequence[float]) -> List[float]:
         return average_weights(updates, samples, self.weighting)
 
+    def restore(self, states: Sequence[str]) -> None:
+        if len(states) != self.world_size or any(s not in (NORMAL, STRAGGLER) for s in states):
+            raise ValueError(f"awar classes {list(states)} cannot be restored on {self.world_size} ranks")
+        self.states = list(states)
+
     def classify(self, window_medians: Sequence[Optional[float]]) -> List[Dict]:
         """Re-classify from every rank's median compute per step (None: no measurement); the changes."""
         self.states, changes = classify(window_medians, self.states, self.thresholds)

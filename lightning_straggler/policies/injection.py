@@ -6,6 +6,8 @@ continues the same schedule without saved RNG state.
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -121,38 +123,47 @@ class TraceSchedule(StragglerSchedule):
     Per rank, a seeded sequence: gap, episode, gap, episode, ... Gaps and episodes are Pareto-distributed
     with tail index ``tail_index`` (alpha; smaller = heavier tail, alpha <= 2 has infinite variance) and
     scales ``gap_min`` and ``duration_min`` steps (their minimum lengths); episodes are capped at
-    ``duration_max`` steps. An episode's factor is log-uniform in [factor_min, factor_max] (as many
-    1.5-2x as 2-4x slowdowns in a 1.5-4 range). The factor is a pure function of (seed, rank, step).
+    ``duration_max`` steps. An episode's factor is log-uniform in [factor_min, factor_max] (in a 1.5-6 range
+    as many 1.5-3x as 3-6x slowdowns). The factor is a pure function of (seed, rank, step).
     """
 
     scenario = "trace"
 
     def __init__(self, seed: int, tail_index: float, gap_min: int, duration_min: int, duration_max: int,
                  factor_min: float, factor_max: float) -> None:
+        if not (gap_min >= 1 and 1 <= duration_min <= duration_max):
+            raise ValueError(f"trace needs gap_min >= 1 and 1 <= duration_min <= duration_max "
+                             f"(got {gap_min}, {duration_min}, {duration_max})")
+        if not (0.5 <= tail_index <= 10 and 1.0 <= factor_min <= factor_max < math.inf):
+            raise ValueError(f"trace needs tail_index in [0.5, 10] and 1 <= factor_min <= factor_max < inf "
+                             f"(got {tail_index}, {factor_min}, {factor_max})")
         self.seed, self.tail_index = int(seed), float(tail_index)
         self.gap_min, self.duration_min, self.duration_max = int(gap_min), int(duration_min), int(duration_max)
         self.factor_min, self.factor_max = float(factor_min), float(factor_max)
-        self._episodes: dict = {}  # rank -> (list of SlowdownEvent in order, rng, next free step)
+        self._episodes: dict = {}  # rank -> (episodes in order, their start steps, rng, next free step)
 
     def _pareto_steps(self, rng: np.random.Generator, scale: int) -> int:
         return int(scale * (1.0 - rng.random()) ** (-1.0 / self.tail_index))  # inverse CDF, >= scale
 
     def episodes(self, rank: int, until_step: int) -> List[SlowdownEvent]:
         """Rank's episodes in order, at least up to the first one that starts after ``until_step``."""
-        events, rng, cursor = self._episodes.get(rank) or ([], np.random.default_rng([self.seed, rank]), 0)
+        events, starts, rng, cursor = self._episodes.get(rank) or ([], [], np.random.default_rng([self.seed, rank]), 0)
         while cursor <= until_step:
             start = cursor + self._pareto_steps(rng, self.gap_min)
             length = min(self.duration_max, self._pareto_steps(rng, self.duration_min))
             factor = float(np.exp(rng.uniform(np.log(self.factor_min), np.log(self.factor_max))))
             events.append(SlowdownEvent(rank, factor, start, start + length))
+            starts.append(start)
             cursor = start + length
-        self._episodes[rank] = (events, rng, cursor)
+        self._episodes[rank] = (events, starts, rng, cursor)
         return events
 
     def factor(self, rank: int, step: int) -> float:
         if step < 0:
             return 1.0
-        return max([e.factor for e in self.episodes(rank, step) if e.active(rank, step)], default=1.0)
+        events = self.episodes(rank, step)
+        i = bisect.bisect_right(self._episodes[rank][1], step) - 1  # episodes do not overlap: the last one started
+        return events[i].factor if i >= 0 and events[i].active(rank, step) else 1.0
 
     def events_until(self, world_size: int, steps: int) -> List[SlowdownEvent]:
         """Every episode that starts before ``steps`` (for the summary and for tests)."""

@@ -126,7 +126,7 @@ class AwarStrategy(PartialGroupStrategy):
     @override
     def load_strategy_state(self, state: dict) -> None:
         super().load_strategy_state(state)
-        self.membership.states = list(state["awar"]["states"])
+        self.membership.restore(state["awar"]["states"])
 
     @override
     def on_train_end(self) -> None:
