@@ -3,7 +3,8 @@ import signal
 import subprocess
 import sys
 
-from lightning_straggler.launcher import CollectiveBoard, Report, backstop_timeout_s, blame, process_stopped
+from lightning_straggler.launcher import Report, backstop_timeout_s, blame
+from lightning_straggler.watchdog import CollectiveBoard, process_stopped
 
 
 def _board(now):
@@ -89,7 +90,7 @@ def test_busy_rank_is_a_straggler_until_three_times_the_limit():
 def test_main_thread_cpu_moves_only_while_it_runs():
     import time
 
-    from lightning_straggler.launcher import main_thread_cpu
+    from lightning_straggler.watchdog import main_thread_cpu
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -2,7 +2,7 @@
 import pytest
 
 from lightning_straggler.config import ConfigError, load_config
-from lightning_straggler.launcher import CollectiveBoard
+from lightning_straggler.watchdog import CollectiveBoard
 from lightning_straggler.train import shrink_config
 
 

@@ -21,7 +21,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
-from lightning_straggler.launcher import waiting  # the launcher's stall watchdog sees blocked collectives
+from lightning_straggler.watchdog import waiting  # the launcher's stall watchdog sees blocked collectives
 
 _OPS = ("mean", "avg", "sum", "max", "min", "product")
 
