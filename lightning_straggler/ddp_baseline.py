@@ -211,7 +211,7 @@ class DDPBaselineStrategy(DDPStrategy):
 
     # --- the step -------------------------------------------------------------------------------
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        from lightning_straggler.strategies.horovod_base import batch_size_of
+        from lightning_straggler.profiling import batch_size_of
 
         self.recorder.begin_batch(batch_size_of(batch))
         self._bucket_seen = False

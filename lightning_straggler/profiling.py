@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -220,3 +220,17 @@ def plot_timeline(records: Sequence[StepRecord], path: str, title: str = "") -> 
     return path
 
 
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a batch: the first dimension of its first tensor."""
+    from torch import Tensor  # here: the step arithmetic below needs no torch
+
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_size_of(item)
+            if n:
+                return n
+    return 0

@@ -14,12 +14,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_straggler.policies.injection import StragglerSchedule, added_delay_s
-
-
-def _batch_size(batch) -> int:
-    from lightning_straggler.strategies.horovod_base import batch_size_of
-
-    return batch_size_of(batch)
+from lightning_straggler.profiling import batch_size_of
 
 
 class StragglerInjector(Callback):
@@ -49,7 +44,7 @@ class StragglerInjector(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
-        self._samples = _batch_size(batch)
+        self._samples = batch_size_of(batch)
         self._delayed = False
 
     def on_after_backward(self, trainer, pl_module) -> None:

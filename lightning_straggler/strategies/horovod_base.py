@@ -30,7 +30,7 @@ from lightning_straggler import cluster_env
 from lightning_straggler.comm import Collectives, HorovodCollectives
 from lightning_straggler.config import NONFINITE_POLICIES, TrainerConfig, check_stall_timeout
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
-from lightning_straggler.profiling import StepRecorder
+from lightning_straggler.profiling import StepRecorder, batch_size_of  # noqa: F401  (batch_size_of: re-exported)
 
 # Key of this project's part of a Lightning checkpoint.
 CHECKPOINT_KEY = "lightning_straggler"
@@ -70,20 +70,6 @@ class SkipFirstBatches(Sampler[List[int]]):
 
 
 _REDUCE_OPS = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min", "product": "product"}
-
-
-def batch_size_of(batch: Any) -> int:
-    """Number of samples in a batch: the first dimension of its first tensor."""
-    if isinstance(batch, Tensor):
-        return int(batch.shape[0]) if batch.dim() > 0 else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            n = batch_size_of(item)
-            if n:
-                return n
-    return 0
 
 
 def _op_name(reduce_op: Any) -> str:

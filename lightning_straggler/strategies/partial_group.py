@@ -45,7 +45,8 @@ from typing_extensions import override
 
 from lightning_straggler.policies.group_floor import max_outside
 from lightning_straggler.profiling import StepRecord
-from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_name, batch_size_of
+from lightning_straggler.profiling import batch_size_of
+from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_name
 
 log = logging.getLogger(__name__)
 
