@@ -227,20 +227,18 @@ class StragglerConfig:
         if self.scenario == "random":
             _check(0.0 <= self.probability <= 1.0, "straggler.probability", "in [0, 1]", self.probability)
             _check(self.factor_min >= 1.0, "straggler.factor_min", ">= 1.0", self.factor_min)
-            _check(_finite(self.factor_max) and self.factor_max >= self.factor_min, "straggler.factor_max",
-                   f"a finite number >= factor_min ({self.factor_min})", self.factor_max)
-            _check(_seed_ok(self.seed), "straggler.seed", SEED_RANGE, self.seed)
-            _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
-            _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
-            _check(self.window_steps >= 1, "straggler.window_steps", ">= 1 step", self.window_steps)
         if self.scenario == "trace":
             _check(_finite(self.factor_min) and self.factor_min >= 1.0, "straggler.factor_min", "a finite number >= 1.0",
                    self.factor_min)
+        if self.scenario in ("random", "trace"):  # both draw episodes: factors, seed, durations
             _check(_finite(self.factor_max) and self.factor_max >= self.factor_min, "straggler.factor_max",
                    f"a finite number >= factor_min ({self.factor_min})", self.factor_max)
             _check(_seed_ok(self.seed), "straggler.seed", SEED_RANGE, self.seed)
             _check(self.duration_min >= 1, "straggler.duration_min", ">= 1 step", self.duration_min)
             _check(self.duration_max >= self.duration_min, "straggler.duration_max", f">= duration_min ({self.duration_min})", self.duration_max)
+        if self.scenario == "random":
+            _check(self.window_steps >= 1, "straggler.window_steps", ">= 1 step", self.window_steps)
+        if self.scenario == "trace":
             _check(self.gap_min >= 1, "straggler.gap_min", ">= 1 step", self.gap_min)
             _check(_finite(self.tail_index) and 0.5 <= self.tail_index <= 10, "straggler.tail_index",
                    "a number in [0.5, 10] (Pareto tail index; smaller = heavier tail)", self.tail_index)
