@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.boa_thesis_sim [--out benchmarks/results/scale]
 
 Setting (SIMULATED, ``lightning_straggler/sim``): 8 workers of three GPU types in the 1.0 / 0.6 / 0.3
-speed mix (3 x 1.0, 3 x 0.6, 2 x 0.3: ``benchmarks/boa_vs_ring.speed_mix(8)``, the same cluster as the
-measured ``boa_vs_ring`` benchmark), 32 samples per worker (global batch 256), 2% compute jitter.
+speed mix (3 x 1.0, 3 x 0.6, 2 x 0.3: ``benchmarks.matrix.speed_mix(8)``, the same cluster as the
+measured matrix scenario mix3), 32 samples per worker (global batch 256), 2% compute jitter.
 ``boa`` re-plans every 10 steps with the strategy's own time models and solver; the baseline
 aggregates the first 7 of 8 gradients each step (Chen et al. 2016). Throughput counts only samples
 whose gradients reach the model, after the first 50 of 200 steps (boa's first plans).
@@ -29,7 +29,7 @@ import argparse
 import json
 import os
 
-from benchmarks.boa_vs_ring import speed_mix
+from benchmarks.matrix import speed_mix
 from lightning_straggler.sim import Network, Workload, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     mix = speed_mix(N)
     one_slow = [1.0] * 4 + [1 / 0.6] * 3 + [1 / 0.3]
-    layouts = {"3x1.0 3x0.6 2x0.3 (boa_vs_ring)": mix, "4x1.0 3x0.6 1x0.3": one_slow}
+    layouts = {"3x1.0 3x0.6 2x0.3 (mix3)": mix, "4x1.0 3x0.6 1x0.3": one_slow}
     rows = []
     print("boa vs synchronous SGD with 1 backup worker, 8 workers, simulated (throughput after warm-up)\n")
     print("| cluster | all-reduce / full-speed compute | boa | backup1 | ring | boa vs backup1 | boa vs ring |")

@@ -15,11 +15,11 @@ depend on the run get a few extra overrides (recorded per run in summary.json ``
 
   none          no straggler;
   mix3          static 1.0 / 0.6 / 0.3 speeds (factors 1 / 1.667 / 3.333) spread over the ranks:
-                ``straggler.factors`` = benchmarks.boa_vs_ring.speed_mix(N) (4: [1, 1, 1.667, 3.333];
+                ``straggler.factors`` = speed_mix(N) (4: [1, 1, 1.667, 3.333];
                 8: [1, 1, 1, 1.667 x3, 3.333 x2]);
   transient4x   rank min(3, N-1) 4x slow for the middle third of the run (steps S//3 .. 2S//3 - 1);
   random2       two random 4x stragglers, seeded: two distinct ranks from numpy default_rng(seed), each
-                slow for S//3 of its own steps from a drawn start (the recipe of benchmarks.dpar_vs_ring);
+                slow for S//3 of its own steps from a drawn start (random2_events);
   permanent10x  the file as it is: rank 3 10x slow for the whole run;
   any other     the file as it is; a ``scenario: random`` file also gets ``straggler.seed=<seed>``.
 
@@ -107,6 +107,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from benchmarks.stats import (BOOT_RESAMPLES, BOOT_SEED, CONFIDENCE, MIN_PAIRS_FOR_INTERVAL, fmt_interval, label,
+                              paired_bootstrap, shuffled)
+from lightning_straggler.ideal import ideal_throughput
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "matrix")
@@ -125,10 +129,7 @@ RUN_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+)_(?P<scenario>.+)_N(?P<world>\d+)
 REP_RE = re.compile(r"^(?P<base>.+_N\d+_seed\d+)_rep(?P<rep>[2-9]|[1-9]\d+)$")
 NOISE_LABEL = "ring#2"  # the second ring run of a block under --noise (run directory <ring run name>_rep2)
 # statistics, fixed before any grid runs (see the module docstring, "Statistics")
-BOOT_RESAMPLES = 10_000
-BOOT_SEED = 14
-MIN_SEEDS_FOR_INTERVAL = 3
-CONFIDENCE = 0.95
+MIN_SEEDS_FOR_INTERVAL = MIN_PAIRS_FOR_INTERVAL
 # the per-run ratios that get an interval and a label: (key, reference value, higher is better)
 RATIO_METRICS = (("throughput_ratio_to_ring", 1.0, True), ("ttt_ratio_to_ring", 1.0, False),
                  ("acc_diff_points_vs_ring", 0.0, True))
@@ -191,49 +192,11 @@ def _name(r: dict[str, Any]) -> str:
     return run_name(r["algorithm"], r["scenario"], r["world_size"], r["seed"], r.get("rep", 1))
 
 
-# --- statistics (pure) --------------------------------------------------------------------------
+# --- statistics (the rules: benchmarks/stats.py) -----------------------------------------------
 def block_order(labels: Sequence[str], world: int, scenario: str, seed: int, order_seed: int) -> list[str]:
-    """The run order of one (world size, scenario, seed) block: a shuffle drawn from a RNG seeded by
-    (order_seed, world, scenario, seed), so the same options give the same order (``--resume``)."""
-    import random
-
-    out = list(labels)
-    random.Random(f"matrix-order:{order_seed}:{world}:{scenario}:{seed}").shuffle(out)
-    return out
-
-
-def paired_bootstrap(values: Iterable[float | None], resamples: int = BOOT_RESAMPLES, seed: int = BOOT_SEED,
-                     confidence: float = CONFIDENCE, min_n: int = MIN_SEEDS_FOR_INTERVAL) -> dict[str, Any]:
-    """Median of per-seed paired statistics (X/ring of the same seed, scenario and world size: one value
-    per pair) and a percentile bootstrap interval of that median: resample the pairs with replacement
-    ``resamples`` times (numpy default_rng(seed)), take the median of each resample, and the
-    (1-confidence)/2 and (1+confidence)/2 quantiles. Fewer than ``min_n`` pairs: no interval."""
-    import numpy as np
-
-    v = np.asarray([float(x) for x in values if x is not None], dtype=float)
-    out: dict[str, Any] = {"median": float(np.median(v)) if len(v) else None, "lo": None, "hi": None, "n": int(len(v)),
-                           "confidence": confidence, "resamples": resamples, "boot_seed": seed}
-    if len(v) < min_n:
-        out["interval"] = f"not available (fewer than {min_n} paired seeds: {len(v)})"
-        return out
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(v), size=(resamples, len(v)))
-    meds = np.median(v[idx], axis=1)
-    out["lo"], out["hi"] = (float(q) for q in np.quantile(meds, [(1 - confidence) / 2, (1 + confidence) / 2]))
-    out["interval"] = "percentile bootstrap over paired seeds"
-    return out
-
-
-def label(ci: dict[str, Any], reference: float = 1.0, higher_is_better: bool = True) -> str:
-    """"win" only when the whole interval is on the better side of ``reference``, "loss" only when it is
-    wholly on the worse side, else "no difference"; "n/a" without an interval (fewer seeds than needed)."""
-    if ci.get("lo") is None or ci.get("hi") is None:
-        return "n/a"
-    if ci["lo"] > reference:
-        return "win" if higher_is_better else "loss"
-    if ci["hi"] < reference:
-        return "loss" if higher_is_better else "win"
-    return "no difference"
+    """The run order of one (world size, scenario, seed) block, drawn from (order_seed, world, scenario,
+    seed), so the same options give the same order (``--resume``)."""
+    return shuffled(labels, f"matrix-order:{order_seed}:{world}:{scenario}:{seed}")
 
 
 def interval_table(rs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -257,24 +220,42 @@ def available_scenarios() -> list[str]:
 
 
 # --- scenarios ----------------------------------------------------------------------------------
-def random2_events(seed: int, world: int, steps: int, factor: float = 4.0) -> list[dict[str, Any]]:
-    """dpar_vs_ring's two seeded random stragglers, for any world size."""
-    from benchmarks.dpar_vs_ring import random2_events as drawn
+MIX3_FACTORS = (1.0, 1.667, 3.333)  # slowdown factors of relative speeds 1.0 / 0.6 / 0.3
 
-    return drawn(seed, steps, world=world, factor=factor)
+
+def speed_mix(n: int) -> list[float]:
+    """mix3's slowdown factor per rank: 4 -> [1, 1, 1.667, 3.333]; 8 -> [1, 1, 1, 1.667 x3, 3.333 x2]."""
+    fast, mid_f, slow_f = MIX3_FACTORS
+    slow = max(1, n // 4)
+    mid = max(1, (n - slow) // 2)
+    return [fast] * (n - slow - mid) + [mid_f] * mid + [slow_f] * slow
+
+
+def random2_events(seed: int, world: int, steps: int, factor: float = 4.0) -> list[dict[str, Any]]:
+    """random2: two distinct ranks drawn from numpy default_rng(seed), each ``factor`` x slow for
+    steps//3 of its own steps from a drawn start."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ranks = sorted(int(r) for r in rng.choice(world, min(2, world), replace=False))
+    length = max(1, steps // 3)
+    events = []
+    for rank in ranks:
+        start = int(rng.integers(0, steps - length + 1))
+        events.append({"rank": rank, "factor": factor, "start_step": start, "end_step": start + length})
+    return events
 
 
 def _events_override(events: Sequence[dict[str, Any]]) -> str:
-    from benchmarks.dpar_vs_ring import events_override
-
-    return events_override(list(events))
+    """The Hydra override for a list of transient slowdown events."""
+    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
+                    for e in events)
+    return f"straggler.events=[{body}]"
 
 
 def scenario_overrides(scenario: str, kind: str, world: int, steps: int, seed: int) -> tuple[list[str], bool]:
     """Extra overrides of a scenario for one run, and whether they depend on the seed."""
     if scenario == "mix3":
-        from benchmarks.boa_vs_ring import speed_mix
-
         return [f"straggler.factors=[{','.join(str(f) for f in speed_mix(world))}]"], False
     if scenario == "transient4x":
         rank = min(3, world - 1)
@@ -396,11 +377,6 @@ def worker_rates(factors: list[list[float]], calibration: dict[float, float]) ->
     return [len(row) / sum(seconds_per_sample(f, calibration) for f in row) for row in factors]
 
 
-def ideal_throughput(rates: Sequence[float], global_batch: int, t_ar: float) -> float:
-    """G / (G / sum R_i + t_ar): the workers at their solo speeds, perfectly balanced, one all-reduce per step."""
-    return global_batch / (global_batch / sum(rates) + max(0.0, t_ar))
-
-
 def allreduce_cost(summary: dict[str, Any]) -> float | None:
     """Transfer time per step, mean over ranks, from a summary's per_rank: ``comm_s`` there is already the
     transfer alone (lightning_straggler.profiling.summarise subtracts each step's wait), so it is not
@@ -466,7 +442,9 @@ def trim_summary(s: dict[str, Any]) -> dict[str, Any]:
 def write_trimmed(out: str) -> str:
     """``<out>/runs.jsonl``: one line per run directory (``runs/<name>/``, and ``solo/<x>/`` with a summary),
     {"path": its summary.json relative to <out>, "summary": trimmed, or null where the run left none}.
-    Raw runs/ and solo/ stay unshipped (git-ignored); this file and summary.json reproduce the aggregate."""
+    Raw runs/ and solo/ stay unshipped (git-ignored); this file and summary.json reproduce the aggregate.
+    A line already in runs.jsonl whose raw directory is gone (e.g. solo/ cleaned after the grid) is kept."""
+    kept = {os.path.relpath(p, out): s for p, s in read_trimmed(out).items()}
     lines = []
     for d in sorted(glob.glob(os.path.join(out, "runs", "*"))):
         if os.path.isdir(d) and parse_run_name(os.path.basename(d)) is not None:
@@ -479,6 +457,8 @@ def write_trimmed(out: str) -> str:
     for path in sorted(glob.glob(os.path.join(out, "solo", "*", "summary.json"))):
         with open(path) as f:
             lines.append({"path": os.path.relpath(path, out), "summary": trim_summary(json.load(f))})
+    written = {rec["path"] for rec in lines}
+    lines += [{"path": p, "summary": s} for p, s in sorted(kept.items()) if p not in written]
     dst = os.path.join(out, RUNS_JSONL)
     with open(dst, "w") as f:
         for rec in lines:
@@ -642,9 +622,30 @@ def aggregate(runs: list[dict[str, Any]], solo: dict[str, Any], factors: dict[st
                       "throughput": spread(p["throughput"] for p in rs),
                       "intervals": interval_table(rs)})
     return {"runs": per_run, "cells": cells, "noise_runs": noise_per_run, "noise": noise,
-            "statistics": STATISTICS,
+            "target_check": target_check(per_run), "statistics": STATISTICS,
             "comm_cost": {f"N{n}_seed{sd}": v for (n, sd), v in sorted(comm.items())},
             "calibration": solo, "efficiency_formula": EFFICIENCY_FORMULA}
+
+
+TARGET_RULE = ("the target accuracy is a fair time-to-target yardstick at a world size when the straggler-free ring "
+               "reaches it in every seed within the first two thirds of its training time (time_to_target_s <= 2/3 "
+               "wall_s); otherwise time-to-target ratios there say little")
+
+
+def target_check(per_run: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per world size, from ring's runs with no straggler: each seed's time_to_target_s / wall_s and whether
+    the target meets TARGET_RULE (fixed before any grid: a target reached only at the very end, or never,
+    would make time-to-target ratios meaningless)."""
+    out: dict[str, Any] = {}
+    for n in sorted({p["world_size"] for p in per_run}):
+        rs = [p for p in per_run if p["world_size"] == n and p["algorithm"] == "ring" and p["scenario"] == "none"
+              and "error" not in p]
+        if not rs:
+            continue
+        fr = [None if p["time_to_target_s"] is None else p["time_to_target_s"] / p["wall_s"] for p in rs]
+        out[f"N{n}"] = {"seeds": len(rs), "fraction_of_wall": fr,
+                        "fair": all(f is not None and f <= 2 / 3 for f in fr)}
+    return out
 
 
 def vs_ring(s: dict[str, Any], g: dict[str, Any]) -> dict[str, float | None]:
@@ -681,17 +682,6 @@ def _cellfmt(d: dict[str, Any], spec: str) -> str:
     return f"{format(d['median'], spec)} [{format(d['min'], spec)}–{format(d['max'], spec)}]"
 
 
-def _cifmt(ci: dict[str, Any] | None, spec: str) -> str:
-    """median [lo, hi] label; without an interval: median (n pairs) n/a."""
-    if not ci or ci.get("median") is None:
-        return "-"
-    if ci.get("lo") is None:
-        return f"{format(ci['median'], spec)} (n={ci['n']}) n/a"
-    lab = ci.get("label", "")
-    lab = f"**{lab}**" if lab in ("win", "loss") else lab
-    return f"{format(ci['median'], spec)} [{format(ci['lo'], spec)}, {format(ci['hi'], spec)}] {lab}"
-
-
 def markdown(report: dict[str, Any]) -> str:
     st = report["settings"]
     out = [f"# Benchmark matrix {report['stamp']}", "",
@@ -702,6 +692,13 @@ def markdown(report: dict[str, Any]) -> str:
            "", (f"Load average (1/5/15 min) at start {report['load_avg']['start']}, at end {report['load_avg']['end']}; "
            f"{report['cpu_count']} CPUs; total {report['total_runtime_s']:.0f} s."), "",
            f"Efficiency: {EFFICIENCY_FORMULA}.", ""]
+    checks = report.get("target_check") or {}
+    if checks:
+        out += [f"Target {st['target_acc']}: " + "; ".join(
+            f"{n}: ring without stragglers reached it at " + ", ".join("never" if f is None else f"{f:.0%}"
+                                                                    for f in c["fraction_of_wall"])
+            + f" of its training time, {'fair' if c['fair'] else 'NOT fair'}" for n, c in checks.items())
+            + f" (rule: {TARGET_RULE}).", ""]
     stats = report.get("statistics", STATISTICS)
     out += [f"Statistics: ratios are paired per seed with ring's run of the same block; per cell the {stats['statistic']} "
             f"[{stats['interval']}] and a label: {stats['label']}. Run order shuffled per block (order seed "
@@ -715,8 +712,8 @@ def markdown(report: dict[str, Any]) -> str:
                 "|---:|---|---:|---:|---:|---:|"]
         for c in noise:
             iv = c["intervals"]
-            out.append(f"| {c['world_size']} | {c['scenario']} | {c['runs']} | {_cifmt(iv['throughput_ratio_to_ring'], '.2f')} "
-                       f"| {_cifmt(iv['ttt_ratio_to_ring'], '.2f')} | {_cifmt(iv['acc_diff_points_vs_ring'], '+.1f')} |")
+            out.append(f"| {c['world_size']} | {c['scenario']} | {c['runs']} | {fmt_interval(iv['throughput_ratio_to_ring'], '.2f')} "
+                       f"| {fmt_interval(iv['ttt_ratio_to_ring'], '.2f')} | {fmt_interval(iv['acc_diff_points_vs_ring'], '+.1f')} |")
         out.append("")
     elif st.get("noise"):
         out += [f"Machine noise: --noise was given but no {NOISE_LABEL} run has a first ring run to pair with.", ""]
@@ -733,12 +730,12 @@ def markdown(report: dict[str, Any]) -> str:
         ref = c["algorithm"] == "ring"  # ring against itself: 1 by construction
         out.append(f"| {c['world_size']} | {c['scenario']} | {c['algorithm']} | {c['ok']}/{c['runs']} "
                    f"| {_cellfmt(c['throughput'], '.0f')} "
-                   f"| {'1 (reference)' if ref else _cifmt(iv.get('throughput_ratio_to_ring'), '.2f')} "
+                   f"| {'1 (reference)' if ref else fmt_interval(iv.get('throughput_ratio_to_ring'), '.2f')} "
                    f"| {_cellfmt(c['efficiency'], '.2f')} | {_cellfmt(c['ideal'], '.0f')} "
                    f"| {_cellfmt(c['time_to_target_s'], '.1f')} "
-                   f"| {'-' if ref else _cifmt(iv.get('ttt_ratio_to_ring'), '.2f')} "
+                   f"| {'-' if ref else fmt_interval(iv.get('ttt_ratio_to_ring'), '.2f')} "
                    f"| {c['reached_target']}/{c['ok']} | {_cellfmt(c['val_acc'], '.3f')} "
-                   f"| {'-' if ref else _cifmt(iv.get('acc_diff_points_vs_ring'), '+.1f')} |")
+                   f"| {'-' if ref else fmt_interval(iv.get('acc_diff_points_vs_ring'), '+.1f')} |")
     out += ["", "## Solo calibration (1 worker alone, same emulation)", "",
             "| factor | r(f) samples/s (p50 step) | s/sample | train_samples / wall_s | steps |",
             "|---:|---:|---:|---:|---:|"]
@@ -839,6 +836,9 @@ def plots(report: dict[str, Any], out: str) -> list[str]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         made.append(p)
+    else:  # re-aggregated without the raw runs: the timelines drawn when they existed still stand
+        made += sorted(glob.glob(os.path.join(out, "timelines", "*.png")))
+        made += [p for p in [os.path.join(out, "timelines.png")] if os.path.exists(p)]
     return made
 
 
@@ -1198,6 +1198,7 @@ def _without(argv: Sequence[str], options: Sequence[str], flags: Sequence[str] =
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raw = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(raw)
+    measured_argv = None  # a re-aggregation records the measuring invocation's own command line
     if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped"]):
         # only the directory given: re-plan with the options of the invocation that measured it
         # summary.json's settings; an interrupted grid has none yet, only the invocation written at its start
@@ -1211,11 +1212,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 if before.get("argv") is not None:
                     break
         if before.get("argv") is not None:
+            measured_argv = list(before["argv"])
             raw = _without(before["argv"], ["--output-dir", "--resume", "--aggregate-only"], ["--dry-run"]) + raw
             print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
             a = parse_args(raw)
     # recorded: the options that define the grid (a re-aggregation records those, not its own directory)
-    a.argv = _without(raw, ["--aggregate-only"], ["--shipped"]) if a.aggregate_only else raw
+    a.argv = measured_argv or (_without(raw, ["--aggregate-only"], ["--shipped"]) if a.aggregate_only else raw)
     started, load_start = time.time(), _load()
     plan = Plan(a)
     try:

@@ -1,15 +1,24 @@
 """Throughput of the Lightning ``ring`` strategy against a plain Horovod loop written without Lightning.
 
-    .venv/bin/python -m benchmarks.ring_vs_plain [--steps 200] [--repeats 3] [--emulate-ms-per-sample 0]
-                                                 [--data mnist1d|synthetic] [--quick] [--ddp]
+    .venv/bin/python -m benchmarks.ring_vs_plain [--workers 4 8] [--steps 200] [--repeats 5] [--ddp] [--noise]
+        [--emulate-ms-per-sample 0] [--data mnist1d|synthetic] [--order-seed 0] [--output-dir DIR] [--quick]
+    .venv/bin/python -m benchmarks.ring_vs_plain --aggregate-only DIR
 
-``--ddp`` adds a third row per round: Lightning's own ``DDPStrategy`` (``algorithm=ddp``, torch.distributed
-with Gloo, spawned) through the same ``train()`` and overrides as the ring, timed the same way (its
-profiler's start and final all-gather), and reports ring / ddp against the 0.97 target of issue 14.
+``--ddp`` adds Lightning's own ``DDPStrategy`` (``algorithm=ddp``, torch.distributed with Gloo, spawned)
+through the same ``train()`` and overrides as the ring, timed the same way (its profiler's start and
+final all-gather): ring / ddp against the 0.97 target of issue 14. ``--noise`` runs the ring twice per
+round (``ring#2``): ring#2 / ring is the machine's own run-to-run noise.
 
 Both sides train the same MLP (40 -> 256 -> 256 -> 10, SGD lr 0.05 momentum 0.9) on the same training
-set, 4 Horovod workers (Gloo on loopback), batch 32 per worker, no stragglers, the same number of
-optimizer steps. Runs alternate plain, ring, plain, ring, ... so slow drift of the machine hits both.
+set, N Horovod workers (Gloo on loopback), batch 32 per worker, no stragglers, the same number of
+optimizer steps. Every round runs each implementation once, in an order shuffled per (N, round) by
+``random.Random("ring_vs_plain:<order_seed>:<N>:<round>")`` (recorded), and the ratios are paired per
+round and reported with benchmarks/stats.py's rules: median and 95% bootstrap interval, win / loss /
+no difference against 1.
+
+Output: ``<out>/report.json`` (settings, every run's samples and seconds, the intervals), ``<out>/report.md``
+and ``<out>/command.txt``; default ``<out>`` = ``benchmarks/results/ring_vs_plain/<stamp>`` (committed;
+``--quick`` ones are git-ignored). ``--aggregate-only DIR`` recomputes report.md/json from DIR's runs.
 
 What is timed (the same on both sides, on rank 0, wall clock):
   start: training begins after set-up — workers started, Horovod initialised, initial parameters broadcast
@@ -24,8 +33,9 @@ What is timed (the same on both sides, on rank 0, wall clock):
   Outside: process start-up, data generation, validation. Validation never runs inside the ring's timed
   region: the data set is sized so that one epoch holds more than ``--steps`` batches per worker, and
   the ring validates only at epoch end (checked: the summary's val_history must be empty).
-Throughput = samples of all workers (steps x 32 x 4) / rank 0's timed seconds; ring's comes from
-``summary.json`` (``train_samples / wall_s``). The ratio is median(ring) / median(plain).
+Throughput = samples of all workers (steps x 32 x N) / rank 0's timed seconds; ring's comes from
+``summary.json`` (``train_samples / wall_s``). Ratios are per round (ring / plain, ring / ddp of the
+same round), then the median and interval over rounds.
 """
 from __future__ import annotations
 
@@ -34,22 +44,26 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from typing import Any, Dict, List
 
+from benchmarks.stats import fmt_interval, labelled, shuffled
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
-WORKERS, BATCH, SEED, DATA_SEED = 4, 32, 0, 42
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "ring_vs_plain")
+BATCH, SEED, DATA_SEED = 32, 0, 42
 HIDDEN, LR, MOMENTUM = [256, 256], 0.05, 0.9
 TARGET = 0.95  # the project's goal: ring reaches at least 95% of the plain loop's throughput
 DDP_TARGET = 0.97  # issue 14: ring >= 0.97 x Lightning's own DDP, no stragglers
 
 
-def dataset_size(steps: int) -> int:
+def dataset_size(steps: int, workers: int) -> int:
     """Generated samples so that each worker's shard of the 80% training split holds > steps batches
     (one epoch longer than the run, so the ring never reaches its epoch-end validation)."""
-    need = (steps + 1) * BATCH * WORKERS / 0.8
+    need = (steps + 1) * BATCH * workers / 0.8
     return max(10000, int(math.ceil(need / 1000.0)) * 1000)  # round up: a few cached MNIST-1D sizes
 
 
@@ -118,7 +132,7 @@ def _plain_worker(rank: int, size: int, port: int, opts: Dict[str, Any], results
 def run_plain(opts: Dict[str, Any]) -> Dict[str, Any]:
     from benchmarks.local_workers import run_workers
 
-    per_rank = run_workers(_plain_worker, WORKERS, (opts,), 900, "plain loop")
+    per_rank = run_workers(_plain_worker, opts["workers"], (opts,), 900, "plain loop")
     samples = sum(s for s, _ in per_rank.values())
     seconds = per_rank[0][1]
     return {"samples": samples, "seconds": seconds, "throughput": samples / seconds,
@@ -138,14 +152,14 @@ def run_ring(opts: Dict[str, Any], out_dir: str, algorithm: str = "ring") -> Dic
         f"model.hidden=[{','.join(map(str, HIDDEN))}]", "model.optimizer=sgd", f"model.lr={LR}",
         f"model.momentum={MOMENTUM}",
         f"data.num_samples={opts['num_samples']}", f"data.batch_size={BATCH}", f"data.seed={DATA_SEED}",
-        f"trainer.devices={WORKERS}", "trainer.accelerator=cpu", f"trainer.max_steps={opts['steps']}",
+        f"trainer.devices={opts['workers']}", "trainer.accelerator=cpu", f"trainer.max_steps={opts['steps']}",
         "trainer.max_epochs=1", "trainer.val_check_interval=1.0",  # validate only at epoch end: never reached
         "trainer.enable_progress_bar=false", "profiler.plot=false", f"seed={SEED}", f"output_dir={out_dir}",
     ]
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     summary = train(cfg)
-    expected = opts["steps"] * BATCH * WORKERS
+    expected = opts["steps"] * BATCH * opts["workers"]
     if summary["train_samples"] != expected:
         raise RuntimeError(f"{algorithm} trained {summary['train_samples']} samples, expected {expected}")
     if summary["val_history"]:
@@ -156,93 +170,154 @@ def run_ring(opts: Dict[str, Any], out_dir: str, algorithm: str = "ring") -> Dic
 
 
 # --- driver --------------------------------------------------------------------------------------
-def markdown_table(runs: List[Dict[str, Any]], med: Dict[str, float], ratio: float) -> str:
-    ddp = "ddp" in med
-    lines = ["| round | plain samples/s | ring samples/s | ring / plain |" + (" ddp samples/s | ring / ddp |" if ddp else ""),
-             "|---|---:|---:|---:|" + ("---:|---:|" if ddp else "")]
-    for r in sorted({run["round"] for run in runs}):
-        t = {run["impl"]: run["throughput"] for run in runs if run["round"] == r}
-        lines.append(f"| {r} | {t['plain']:.0f} | {t['ring']:.0f} | {t['ring'] / t['plain']:.3f} |"
-                     + (f" {t['ddp']:.0f} | {t['ring'] / t['ddp']:.3f} |" if ddp else ""))
-    lines.append(f"| **median** | **{med['plain']:.0f}** | **{med['ring']:.0f}** | **{ratio:.3f}** |"
-                 + (f" **{med['ddp']:.0f}** | **{med['ring'] / med['ddp']:.3f}** |" if ddp else ""))
-    return "\n".join(lines)
+NOISE_LABEL = "ring#2"  # --noise: the ring's second run of a round
+
+
+def aggregate(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Per world size: median throughput per implementation, and the per-round paired ratios
+    (ring / plain, ring / ddp, ring#2 / ring) with their interval and label (benchmarks/stats.py)."""
+    out: Dict[str, Any] = {}
+    for n in sorted({r["workers"] for r in runs}):
+        rs = [r for r in runs if r["workers"] == n]
+        by_round: Dict[int, Dict[str, float]] = {}
+        for r in rs:
+            by_round.setdefault(r["round"], {})[r["impl"]] = r["samples"] / r["seconds"]
+        impls = sorted({r["impl"] for r in rs})
+
+        def ratios(num: str, den: str) -> List[float]:
+            return [t[num] / t[den] for _, t in sorted(by_round.items()) if num in t and den in t]
+
+        cell: Dict[str, Any] = {"rounds": len(by_round), "throughput": {}, "ratios": {}}
+        for impl in impls:
+            v = [t[impl] for t in by_round.values() if impl in t]
+            cell["throughput"][impl] = {"median": statistics.median(v), "n": len(v)}
+        for num, den in (("ring", "plain"), ("ring", "ddp"), (NOISE_LABEL, "ring")):
+            if num in impls and den in impls:
+                cell["ratios"][f"{num}/{den}"] = {**labelled(ratios(num, den)), "per_round": ratios(num, den)}
+        out[str(n)] = cell
+    return out
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    st = report["settings"]
+    lines = [f"# ring vs a plain Horovod loop" + (" and Lightning's DDP" if "ddp" in st["implementations"] else ""), "",
+             f"Command: `{report['command']}`", "",
+             f"{st['steps']} steps, batch {BATCH} per worker, {st['data']}, emulated device time "
+             f"{st['emulated_device_ms_per_sample']} ms/sample, {st['repeats']} rounds, order shuffled per round "
+             f"(order seed {st['order_seed']}); machine: {report['environment']['cpu_count']} cores. Ratios: per round, "
+             "median [95% bootstrap interval] and label (win: lower end > 1; loss: upper end < 1).", "",
+             "| workers | " + " | ".join(f"{i} samples/s" for i in st["implementations"]) + " | ratio | median [95% CI] label |",
+             "|---|" + "---:|" * len(st["implementations"]) + "---|---|"]
+    for n, cell in report["aggregate"].items():
+        tp = " | ".join(f"{cell['throughput'][i]['median']:.0f}" if i in cell["throughput"] else "-"
+                        for i in st["implementations"])
+        for name, ci in cell["ratios"].items():
+            lines.append(f"| {n} | {tp} | {name} | {fmt_interval(ci, '.3f')} |")
+    lines += ["", "Per run (round, order position, samples / seconds):", "",
+              "| workers | round | position | implementation | samples/s | seconds |", "|---|---|---|---|---:|---:|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['workers']} | {r['round']} | {r['position']} | {r['impl']} | {r['samples'] / r['seconds']:.0f} "
+                     f"| {r['seconds']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: Dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(markdown(report))
+    with open(os.path.join(out, "command.txt"), "w") as f:
+        f.write(report["command"] + "\n")
 
 
 def main(argv=None) -> Dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200, help="optimizer steps per run (both sides)")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds of (plain, ring)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 8], help="world sizes (default 4 8)")
+    ap.add_argument("--steps", type=int, default=200, help="optimizer steps per run (every implementation)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds; each runs every implementation once (default 5)")
     ap.add_argument("--emulate-ms-per-sample", type=float, default=0.0,
                     help="emulated device time: sleep this many ms per sample after backward (both sides)")
     ap.add_argument("--data", choices=("mnist1d", "synthetic"), default="mnist1d")
-    ap.add_argument("--quick", action="store_true", help="smoke test: 30 steps, 1 round")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 4 workers, 30 steps, 1 round")
     ap.add_argument("--ddp", action="store_true",
                     help="also run Lightning's own DDPStrategy (algorithm=ddp) each round; report ring / ddp")
-    ap.add_argument("--output", default=os.path.join(RESULTS, "ring_vs_plain.json"))
+    ap.add_argument("--noise", action="store_true", help="run the ring twice per round: ring#2 / ring is the noise")
+    ap.add_argument("--order-seed", type=int, default=0, help="seed of the per-round run order (default 0)")
+    ap.add_argument("--output-dir", default=None, help="default benchmarks/results/ring_vs_plain/<stamp>[-quick]")
+    ap.add_argument("--aggregate-only", metavar="DIR", default=None,
+                    help="recompute DIR/report.{json,md} from the runs recorded in DIR/report.json; runs nothing")
     args = ap.parse_args(argv)
+    if args.aggregate_only:
+        with open(os.path.join(args.aggregate_only, "report.json")) as f:
+            report = json.load(f)
+        report["aggregate"] = aggregate(report["runs"])
+        write(report, args.aggregate_only)
+        print(markdown(report))
+        return report
     if args.quick:
-        args.steps, args.repeats = 30, 1
+        args.workers, args.steps, args.repeats = [4], 30, 1
     if args.steps < 1 or args.repeats < 1 or args.emulate_ms_per_sample < 0:
-        ap.error("--steps and --repeats must be >= 1, --emulate-ms-per-sample >= 0")
+        ap.error(f"--steps and --repeats must be >= 1 and --emulate-ms-per-sample >= 0 (got {args.steps}, "
+                 f"{args.repeats}, {args.emulate_ms_per_sample})")
+    if any(n < 2 or n > 64 for n in args.workers):
+        ap.error(f"--workers must each be in [2, 64], got {args.workers}")
     if "OMP_NUM_THREADS" in os.environ:
         # The ring keeps OMP_NUM_THREADS when set, the plain loop sets cores // workers: make them agree.
         print(f"note: ignoring OMP_NUM_THREADS={os.environ.pop('OMP_NUM_THREADS')} so both sides use "
               f"cores // workers threads", flush=True)
+    out = args.output_dir or os.path.join(RESULTS, time.strftime("%Y%m%d-%H%M%S") + ("-quick" if args.quick else ""))
+    command = "python -m benchmarks.ring_vs_plain " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    impls = ["plain", "ring"] + (["ddp"] if args.ddp else []) + ([NOISE_LABEL] if args.noise else [])
+    num_samples = dataset_size(args.steps, max(args.workers))
+    load_arrays(args.data, num_samples)  # generate and cache MNIST-1D once, before any timing
 
-    opts = {"steps": args.steps, "emulate_ms_per_sample": args.emulate_ms_per_sample, "data": args.data,
-            "num_samples": dataset_size(args.steps)}
-    load_arrays(args.data, opts["num_samples"])  # generate and cache MNIST-1D once, before any timing
-
-    impls = ("plain", "ring", "ddp") if args.ddp else ("plain", "ring")
     runs: List[Dict[str, Any]] = []
-    for r in range(1, args.repeats + 1):
-        for impl in impls:  # alternate, so drift of the machine affects all alike
-            print(f"[ring_vs_plain] round {r}/{args.repeats}: {impl} ({args.steps} steps)", flush=True)
-            res = run_plain(opts) if impl == "plain" else run_ring(
-                opts, os.path.join(RESULTS, f"{impl}_runs", f"round{r}"), algorithm=impl)
-            runs.append({"round": r, "impl": impl, **res})
-            print(f"[ring_vs_plain] {impl}: {res['throughput']:.0f} samples/s "
-                  f"({res['samples']} samples in {res['seconds']:.2f} s)", flush=True)
+    for n in args.workers:
+        opts = {"steps": args.steps, "emulate_ms_per_sample": args.emulate_ms_per_sample, "data": args.data,
+                "num_samples": num_samples, "workers": n}
+        for r in range(1, args.repeats + 1):
+            order = shuffled(impls, f"ring_vs_plain:{args.order_seed}:{n}:{r}")
+            for pos, impl in enumerate(order):
+                print(f"[ring_vs_plain] N={n} round {r}/{args.repeats} ({pos + 1}/{len(order)}): {impl} "
+                      f"({args.steps} steps)", flush=True)
+                algorithm = "ring" if impl == NOISE_LABEL else impl
+                res = run_plain(opts) if impl == "plain" else run_ring(
+                    opts, os.path.join(out, "runs", f"{impl.replace('#', '_')}_N{n}_round{r}"), algorithm=algorithm)
+                res.pop("summary", None)  # the run directory is not committed; samples and seconds are the record
+                runs.append({"workers": n, "round": r, "position": pos, "impl": impl, **res})
+                print(f"[ring_vs_plain] {impl}: {res['throughput']:.0f} samples/s "
+                      f"({res['samples']} samples in {res['seconds']:.2f} s)", flush=True)
 
-    med = {impl: statistics.median(x["throughput"] for x in runs if x["impl"] == impl) for impl in impls}
-    ratio = med["ring"] / med["plain"]
     import horovod
     import lightning
     import torch
 
     report = {
+        "command": command,
         "what_is_timed": __doc__[__doc__.index("What is timed"):__doc__.index("Throughput =")].strip(),
-        "throughput_definition": "samples of all workers / rank 0's timed seconds; ratio = median(ring) / median(plain)",
-        "settings": {"workers": WORKERS, "batch_per_worker": BATCH, "steps": args.steps, "repeats": args.repeats,
+        "throughput_definition": "samples of all workers / rank 0's timed seconds; ratios per round, then median and "
+                                 "95% bootstrap interval over rounds (benchmarks/stats.py)",
+        "settings": {"workers": args.workers, "implementations": impls, "batch_per_worker": BATCH, "steps": args.steps,
+                     "repeats": args.repeats, "order_seed": args.order_seed,
                      "model": f"mlp 40-{'-'.join(map(str, HIDDEN))}-10", "optimizer": f"SGD lr={LR} momentum={MOMENTUM}",
-                     "data": args.data, "data_num_samples": opts["num_samples"], "straggler": "none",
+                     "data": args.data, "data_num_samples": num_samples, "straggler": "none",
                      "emulated_device_ms_per_sample": args.emulate_ms_per_sample,
-                     "emulated": ("none: real CPU compute only" if args.emulate_ms_per_sample == 0 else
-                                  "sleep of emulate_ms_per_sample x 32 after backward, every step, both sides"),
-                     "torch_threads_per_worker": max(1, (os.cpu_count() or 1) // WORKERS), "quick": args.quick},
+                     "torch_threads_per_worker": {str(n): max(1, (os.cpu_count() or 1) // n) for n in args.workers},
+                     "quick": args.quick, "targets": {"ring/plain": TARGET, "ring/ddp": DDP_TARGET}},
         "environment": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                         "lightning": lightning.__version__, "horovod": horovod.__version__},
         "runs": runs,
-        "median_throughput": med,
-        "ratio_ring_over_plain": ratio,
-        "target_ratio": TARGET,
-        "meets_target": ratio >= TARGET,
     }
-    if args.ddp:
-        report.update(ratio_ring_over_ddp=med["ring"] / med["ddp"], ddp_target_ratio=DDP_TARGET,
-                      meets_ddp_target=med["ring"] / med["ddp"] >= DDP_TARGET)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"\nring vs plain Horovod: {WORKERS} workers, batch {BATCH}, {args.steps} steps, {args.data}, "
-          f"emulated device time {args.emulate_ms_per_sample} ms/sample\n")
-    print(markdown_table(runs, med, ratio))
-    print(f"\nring / plain = {ratio:.3f} (target >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'}); "
-          f"results: {args.output}", flush=True)
-    if args.ddp:
-        print(f"ring / ddp = {report['ratio_ring_over_ddp']:.3f} (target >= {DDP_TARGET}: "
-              f"{'met' if report['meets_ddp_target'] else 'NOT met'})", flush=True)
+    report["aggregate"] = aggregate(runs)
+    write(report, out)
+    print(markdown(report))
+    for n, cell in report["aggregate"].items():
+        for name, target in (("ring/plain", TARGET), ("ring/ddp", DDP_TARGET)):
+            if name in cell["ratios"]:
+                med = cell["ratios"][name]["median"]
+                print(f"N={n}: {name} = {med:.3f} (target >= {target}: {'met' if med >= target else 'NOT met'})")
+    print(f"results: {out}", flush=True)
     return report
 
 

@@ -20,7 +20,7 @@ model, and concurrent groups do not contend for links.
 Scenarios, scaled from the benchmark grid (the same dict shapes as ``conf/straggler/*.yaml``):
 
 * ``none``;
-* ``static-mix``: the 1.0 / 0.6 / 0.3 speed mix of ``benchmarks/boa_vs_ring.speed_mix`` (a quarter of
+* ``static-mix``: the 1.0 / 0.6 / 0.3 speed mix of ``benchmarks.matrix.speed_mix`` (scenario mix3) (a quarter of
   the workers at 0.3, then half the rest at 0.6);
 * ``transient-1pct``: 1% of the workers (at least one, seeded choice) 4x slower for steps
   [steps/4, steps/4 + steps/3);
@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.boa_vs_ring import speed_mix
+from benchmarks.matrix import speed_mix
 from lightning_straggler.sim import ETHERNET_25G, INFINIBAND_200G, Workload, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -543,3 +543,32 @@ def test_committed_aggregate_equals_a_fresh_aggregation_of_the_committed_runs(gr
     a, b = comparable(committed), comparable(fresh)
     assert a["cells"] and a["cells"] == b["cells"]
     assert a == b
+
+
+def test_rewriting_runs_jsonl_keeps_shipped_lines_whose_raw_directory_is_gone(tmp_path):
+    """A grid whose solo/ was cleaned after it ran: re-aggregating from the raw runs/ must not drop the
+    calibration runs from runs.jsonl (they are the only record of them)."""
+    run = tmp_path / "runs" / "ring_none_N2_seed0"
+    run.mkdir(parents=True)
+    raw = {"algorithm": "ring", "world_size": 2, "wall_s": 1.0, "events": [1, 2], "per_rank": {"0": {"steps": 3, "x": 1}}}
+    (run / "summary.json").write_text(json.dumps(raw))
+    solo = {"path": "solo/f1/summary.json", "summary": {"algorithm": "ring", "world_size": 1, "wall_s": 2.0}}
+    stale = {"path": "runs/ring_none_N2_seed0/summary.json", "summary": {"algorithm": "old"}}
+    (tmp_path / m.RUNS_JSONL).write_text(json.dumps(solo) + "\n" + json.dumps(stale) + "\n")
+    m.write_trimmed(str(tmp_path))
+    lines = [json.loads(x) for x in (tmp_path / m.RUNS_JSONL).read_text().splitlines()]
+    by_path = {x["path"]: x["summary"] for x in lines}
+    assert set(by_path) == {"solo/f1/summary.json", "runs/ring_none_N2_seed0/summary.json"}
+    assert by_path["solo/f1/summary.json"] == solo["summary"]  # kept as it was
+    assert by_path["runs/ring_none_N2_seed0/summary.json"]["algorithm"] == "ring"  # the raw run wins over the old line
+    assert "events" not in by_path["runs/ring_none_N2_seed0/summary.json"]
+
+
+def test_target_check_applies_the_two_thirds_rule_per_world_size():
+    def run(n, seed, ttt, wall=30.0, algo="ring", sc="none"):
+        return {"world_size": n, "seed": seed, "algorithm": algo, "scenario": sc, "time_to_target_s": ttt, "wall_s": wall}
+    per_run = [run(4, 0, 10.0), run(4, 1, 19.5), run(8, 0, 10.0), run(8, 1, 25.0), run(8, 2, None),
+               run(4, 0, 29.0, algo="dpar"), run(4, 0, 29.0, sc="transient4x")]
+    chk = m.target_check(per_run)
+    assert chk["N4"]["fair"] is True and chk["N4"]["fraction_of_wall"] == pytest.approx([1 / 3, 0.65])
+    assert chk["N8"]["fair"] is False and chk["N8"]["fraction_of_wall"][2] is None

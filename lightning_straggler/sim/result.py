@@ -5,8 +5,8 @@ Throughput counts only samples whose gradients reach the model, as the real ``su
 an AWAR straggler's local steps do, they enter the weighted average; a backup worker's late
 gradient does not).
 
-Ideal (the same definition as ``benchmarks/boa_vs_ring.py``, from issue 7): the sum of the workers'
-own sample rates, each worker alone, less one all-reduce of the whole world per global batch::
+Ideal: ``lightning_straggler.ideal.ideal_throughput``, the one definition the benchmarks use too, with
+the workload's own rates (each worker alone) and the network model's all-reduce::
 
     rate_i = batch_per_worker * steps / sum_s (compute(i, s) + loop_overhead_s)
     ideal  = G / (G / sum_i rate_i + allreduce_s(N, grad_bytes)),   G = N * batch_per_worker
@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lightning_straggler.ideal import ideal_throughput as project_ideal
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.workload import Workload
 
 
 def ideal_throughput(workload: Workload, network: Network) -> float:
-    g = workload.global_batch
-    return g / (g / float(workload.rates().sum()) + network.allreduce_s(workload.world_size, workload.grad_bytes))
+    """The project's ideal (lightning_straggler.ideal) for a simulated workload on a network model."""
+    return project_ideal(workload.rates(), workload.global_batch,
+                         network.allreduce_s(workload.world_size, workload.grad_bytes))
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""The one ideal (lightning_straggler.ideal) used by the matrix and the simulator, and the shared
+benchmark statistics applied by ring_vs_plain and dssync_vs_ring: pure arithmetic, one process."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from benchmarks import dssync_vs_ring, matrix, ring_vs_plain, stats
+from lightning_straggler import ideal
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ideal_closed_form_and_bad_input():
+    # G = 96 samples at 600 samples/s is 160 ms, plus a 40 ms all-reduce: 96 / 0.2 = 480 samples/s
+    assert ideal.ideal_throughput([400.0, 100.0, 100.0], 96, 0.04) == pytest.approx(480.0)
+    assert ideal.ideal_throughput([400.0, 400.0], 64, -1.0) == pytest.approx(800.0)  # no negative all-reduce
+    with pytest.raises(ValueError, match="positive rates"):
+        ideal.ideal_throughput([0.0, 0.0], 64, 0.0)
+
+
+def test_the_matrix_and_the_simulator_use_the_one_ideal():
+    from lightning_straggler.sim import Workload
+    from lightning_straggler.sim import result as sim_result
+    from lightning_straggler.sim.network import from_bandwidth
+
+    assert matrix.ideal_throughput is ideal.ideal_throughput
+    w = Workload(world_size=4, batch_per_worker=32, per_sample_s=1e-3, steps=30, grad_bytes=4e6, loop_overhead_s=0.002,
+                 straggler={"scenario": "static", "factors": [1.0, 1.0, 2.0, 4.0]})
+    net = from_bandwidth("1g", 1.0, 1e-4)
+    # the workload's own rates: 32 samples per (32 ms x factor + 2 ms loop overhead)
+    rates = [32 / (0.032 * f + 0.002) for f in (1.0, 1.0, 2.0, 4.0)]
+    assert list(w.rates()) == pytest.approx(rates)
+    t_ar = net.allreduce_s(4, 4e6)
+    assert t_ar > 0
+    assert sim_result.ideal_throughput(w, net) == pytest.approx(128 / (128 / sum(rates) + t_ar))
+
+
+def test_shuffled_order_is_seeded_per_key_and_not_always_the_same():
+    labels = ["plain", "ring", "ddp", "ring#2"]
+    assert stats.shuffled(labels, "k:1") == stats.shuffled(labels, "k:1")
+    assert sorted(stats.shuffled(labels, "k:1")) == sorted(labels)
+    firsts = {stats.shuffled(labels, f"k:{i}")[0] for i in range(40)}
+    assert len(firsts) >= 3  # the reference is not always first
+
+
+def test_labelled_gives_interval_and_label_in_each_direction():
+    win = stats.labelled([1.10, 1.20, 1.15])
+    assert (win["lo"], win["hi"], win["label"]) == (pytest.approx(1.10), pytest.approx(1.20), "win")
+    # lower is better (sync time): an interval wholly below 1 is a win
+    assert stats.labelled([0.5, 0.6, 0.7], 1.0, False)["label"] == "win"
+    assert stats.labelled([0.9, 1.1, 1.0])["label"] == "no difference"
+    assert stats.labelled([1.1, 1.2])["label"] == "n/a"
+    assert stats.fmt_interval(win, ".2f") == "1.15 [1.10, 1.20] **win**"
+
+
+def _run(workers, rnd, impl, throughput, pos=0):
+    return {"workers": workers, "round": rnd, "position": pos, "impl": impl, "samples": throughput * 2.0, "seconds": 2.0}
+
+
+def test_ring_vs_plain_pairs_the_ratios_per_round():
+    runs = []
+    for rnd, (plain, ring, ddp, ring2) in enumerate([(100, 90, 95, 91), (200, 170, 160, 175), (150, 150, 140, 150)], 1):
+        runs += [_run(4, rnd, "plain", plain), _run(4, rnd, "ring", ring), _run(4, rnd, "ddp", ddp),
+                 _run(4, rnd, "ring#2", ring2)]
+    runs.append(_run(8, 1, "plain", 50))  # a world size with one implementation: no ratio
+    agg = ring_vs_plain.aggregate(runs)
+    cell = agg["4"]
+    assert cell["rounds"] == 3 and cell["throughput"]["ring"]["median"] == pytest.approx(150)
+    rp = cell["ratios"]["ring/plain"]
+    assert rp["per_round"] == pytest.approx([0.9, 0.85, 1.0])
+    assert rp["median"] == pytest.approx(0.9) and (rp["lo"], rp["hi"]) == (pytest.approx(0.85), pytest.approx(1.0))
+    assert rp["label"] == "no difference"
+    assert cell["ratios"]["ring/ddp"]["per_round"] == pytest.approx([90 / 95, 170 / 160, 150 / 140])
+    assert cell["ratios"]["ring#2/ring"]["per_round"] == pytest.approx([91 / 90, 175 / 170, 1.0])
+    assert agg["8"]["ratios"] == {}
+
+
+def test_dssync_vs_ring_pairs_per_seed_and_sync_lower_is_better():
+    def run(n, seed, algo, tp, sync):
+        return {"workers": n, "seed": seed, "algo": algo, "throughput": tp, "sync_ms": sync, "comm_ms": sync / 2,
+                "sync_p50_ms": sync, "steps": 50, "position": 0}
+    runs = [run(4, s, "ring", 100, 10.0) for s in range(3)] + [run(4, s, "dssync", 120 + s, 5.0 + s) for s in range(3)]
+    row = dssync_vs_ring.aggregate(runs, params=1000)[0]
+    assert row["ratio_sync"]["median"] == pytest.approx(0.6) and row["ratio_sync"]["label"] == "win"
+    assert row["ratio_throughput"]["median"] == pytest.approx(1.21) and row["ratio_throughput"]["label"] == "win"
+    assert row["ratio_bytes"] == pytest.approx((2 * 1 / 2) / (2 * 3 / 4))
+    assert row["target_ratio_g1_over_n1"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("module,key", [(ring_vs_plain, "aggregate"), (dssync_vs_ring, "by_workers")])
+def test_committed_reports_equal_a_fresh_aggregation_of_their_runs(module, key, tmp_path):
+    name = module.__name__.split(".")[-1]
+    reports = sorted(p for p in glob.glob(os.path.join(ROOT, "benchmarks", "results", name, "*", "report.json"))
+                     if "-quick" not in p)
+    if not reports:
+        pytest.skip(f"no committed {name} report yet")
+    for path in reports:
+        with open(path) as f:
+            committed = json.load(f)
+        copy = tmp_path / os.path.basename(os.path.dirname(path))
+        shutil.copytree(os.path.dirname(path), copy)
+        fresh = module.main(["--aggregate-only", str(copy)])
+        assert json.loads(json.dumps(fresh[key])) == committed[key], path
+        assert (copy / "report.md").read_text() == open(os.path.join(os.path.dirname(path), "report.md")).read()
