@@ -13,6 +13,9 @@ from typing import Any, Dict, List, Optional, Type
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lightning_straggler.policies.awar import AwarThresholds as _AWAR  # pure policies: no torch, no Lightning
+from lightning_straggler.policies.dpar import DparThresholds as _DPAR
+
 
 class ConfigError(ValueError):
     """A setting is missing, unknown or out of range. The message names it and the allowed values."""
@@ -112,13 +115,14 @@ class BoaConfig:
 class DparConfig:
     name: str = "dpar"
     window_steps: int = 20  # steps between decision boundaries
-    slow_ratio: float = 1.5  # exclude when a worker's window median >= slow_ratio x the group's ...
-    strikeout_ratio: float = 5.0  # strike out when >= strikeout_ratio x the group's ...
-    strikeout_windows: int = 3  # ... for this many consecutive windows
-    readmit_ratio: float = 1.2  # re-admit when <= readmit_ratio x the group's ...
-    readmit_windows: int = 2  # ... for this many consecutive windows
-    min_active: int = 0  # never fewer active workers (0 = half, rounded up)
-    data_penalty: float = 0.5  # cost of omitting a worker's data shard, as a fraction of a worker-step
+    # the thresholds' defaults are the policy's own (policies/dpar.py DparThresholds): one source
+    slow_ratio: float = _DPAR.slow_ratio  # exclude when a worker's window median >= slow_ratio x the group's ...
+    strikeout_ratio: float = _DPAR.strikeout_ratio  # strike out when >= strikeout_ratio x the group's ...
+    strikeout_windows: int = _DPAR.strikeout_windows  # ... for this many consecutive windows
+    readmit_ratio: float = _DPAR.readmit_ratio  # re-admit when <= readmit_ratio x the group's ...
+    readmit_windows: int = _DPAR.readmit_windows  # ... for this many consecutive windows
+    min_active: int = _DPAR.min_active  # never fewer active workers (0 = half, rounded up)
+    data_penalty: float = _DPAR.data_penalty  # cost of omitting a worker's data shard, as a fraction of a worker-step
     scale_lr: bool = False  # scale the learning rate with the active count
     reshard: bool = False  # active workers take over excluded workers' shards from the next epoch
 
@@ -137,9 +141,10 @@ class DparConfig:
 class AwarConfig:
     name: str = "awar"
     period_steps: int = 20  # also merge every N steps (0 = only at epoch ends, validation and the end)
-    slow_ratio: float = 1.5  # straggler when its median compute >= slow_ratio x the group's
-    recover_ratio: float = 1.2  # rejoins the group when <= recover_ratio x the group's
-    min_group: int = 0  # never fewer in the synchronous group (0 = half, rounded up)
+    # the thresholds' defaults are the policy's own (policies/awar.py AwarThresholds): one source
+    slow_ratio: float = _AWAR.slow_ratio  # straggler when its median compute >= slow_ratio x the group's
+    recover_ratio: float = _AWAR.recover_ratio  # rejoins the group when <= recover_ratio x the group's
+    min_group: int = _AWAR.min_group  # never fewer in the synchronous group (0 = half, rounded up)
     weighting: str = "updates"  # updates (the thesis) | samples
 
     def validate(self, world_size: int) -> None:
@@ -321,7 +326,7 @@ class TrainerConfig:
     devices: int = 4
     max_epochs: int = 4
     max_steps: int = -1
-    val_check_interval: float = 1.0
+    val_check_interval: float = 0.5
     log_every_n_steps: int = 10
     enable_progress_bar: bool = True
     gradient_clip_val: Optional[float] = None

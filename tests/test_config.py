@@ -1,4 +1,6 @@
 """Configuration: the composed defaults validate, bad values fail before any worker starts."""
+import os
+
 import pytest
 
 from lightning_straggler.config import ConfigError, load_config
@@ -194,3 +196,45 @@ def test_strategies_default_to_the_trainer_schema():
     for make in (RingStrategy, DDPBaselineStrategy):
         strategy = make()
         assert (strategy.stall_timeout_s, strategy.nonfinite) == (TrainerConfig.stall_timeout_s, TrainerConfig.nonfinite)
+
+
+def _schema_defaults(cls):
+    from dataclasses import MISSING, fields
+
+    return {f.name: (f.default if f.default is not MISSING else f.default_factory()) for f in fields(cls)
+            if f.default is not MISSING or f.default_factory is not MISSING}
+
+
+@pytest.mark.parametrize("path", ["algorithm/ring.yaml", "algorithm/ddp.yaml", "algorithm/dpar.yaml", "algorithm/awar.yaml",
+                                  "algorithm/dssync.yaml", "algorithm/boa.yaml", "trainer/default.yaml", "model/mlp.yaml",
+                                  "data/mnist1d.yaml"])
+def test_default_yaml_files_restate_the_schema_defaults_exactly(path):
+    """The yaml files a user reads are the schema's defaults with comments, never different values: one
+    source (the dataclass), documented in the file the user edits. (Scenario files, trainer/quick.yaml,
+    model/cnn.yaml and data/synthetic.yaml are variants: they override on purpose.)"""
+    import yaml
+
+    from lightning_straggler.config import ALGORITHM_SCHEMAS, GROUP_SCHEMAS
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", path)) as f:
+        values = yaml.safe_load(f)
+    values.pop("defaults", None)
+    group = path.split("/")[0]
+    schema = ALGORITHM_SCHEMAS[values["name"]] if group == "algorithm" else GROUP_SCHEMAS[group]
+    defaults = _schema_defaults(schema)
+    assert values, path
+    for key, value in values.items():
+        assert key in defaults, f"{path}: {key} is not a {schema.__name__} setting"
+        assert value == defaults[key], f"{path}: {key}={value!r} but {schema.__name__} says {defaults[key]!r}"
+
+
+def test_partial_group_config_defaults_are_the_policies_thresholds():
+    from dataclasses import fields
+
+    from lightning_straggler.config import AwarConfig, DparConfig
+    from lightning_straggler.policies.awar import AwarThresholds
+    from lightning_straggler.policies.dpar import DparThresholds
+
+    for policy, schema in ((DparThresholds, DparConfig), (AwarThresholds, AwarConfig)):
+        for f in fields(policy):
+            assert getattr(schema, f.name) == f.default, f"{schema.__name__}.{f.name} differs from {policy.__name__}"
