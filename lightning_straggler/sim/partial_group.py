@@ -8,7 +8,7 @@ steps back to back (compute + loop_overhead each, no communication) on the posit
 boundary; one that does not compute (DPAR's struck-out) waits.
 
 Boundaries come after position p when (p + 1) is a multiple of ``window_steps`` and at the
-workload's sync points (epoch ends, validations, the last step), as ``PartialGroupStrategy._is_boundary``.
+workload's sync points (epoch ends, validations, the last step): policies/boundary.is_boundary, the rule the strategy uses.
 At a boundary (every collective call here is a control call, ``Network.control_s``: its alpha-beta
 cost plus the fixed ``control_op_s``):
 
@@ -34,6 +34,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from lightning_straggler.policies.boundary import is_boundary
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
 from lightning_straggler.sim.workload import Workload
@@ -91,7 +92,8 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
     start = 0
     while start < steps:
         end = start
-        while not ((end + 1) % policy.window_steps == 0 or workload.is_sync_point(end)):
+        while not is_boundary(end, policy.window_steps, last_of_epoch=workload.last_of_epoch(end),
+                              total_steps=workload.steps, validation_follows=workload.validation_follows(end)):
             end += 1
         group = policy.group()
         in_group = set(group)

@@ -182,9 +182,15 @@ class Workload:
         per_step = per_step + self.loop_overhead_s
         return self.batch_per_worker * self.steps / per_step.sum(axis=1)
 
+    def _in_epoch(self, position: int) -> int:
+        return position % self.steps_per_epoch + 1 if self.steps_per_epoch > 0 else position + 1
+
+    def last_of_epoch(self, position: int) -> bool:
+        return self.steps_per_epoch > 0 and self._in_epoch(position) == self.steps_per_epoch
+
+    def validation_follows(self, position: int) -> bool:
+        return self.val_every_steps > 0 and self._in_epoch(position) % self.val_every_steps == 0
+
     def is_sync_point(self, position: int) -> bool:
         """Epoch ends, validations and the last step: where dssync, dpar and awar synchronise everyone."""
-        p = position + 1
-        in_epoch = position % self.steps_per_epoch + 1 if self.steps_per_epoch > 0 else p
-        return (p >= self.steps or (self.steps_per_epoch > 0 and in_epoch == self.steps_per_epoch)
-                or (self.val_every_steps > 0 and in_epoch % self.val_every_steps == 0))
+        return position + 1 >= self.steps or self.last_of_epoch(position) or self.validation_follows(position)

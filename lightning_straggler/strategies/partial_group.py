@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.policies.boundary import is_boundary
 from lightning_straggler.policies.group_floor import max_outside
 from lightning_straggler.profiling import StepRecord
 from lightning_straggler.profiling import batch_size_of
@@ -157,20 +158,17 @@ class PartialGroupStrategy(HorovodStrategy):
             self._boundary()
 
     def _is_boundary(self, position: int) -> bool:
-        """The same answer on every rank for the same position."""
+        """Lightning's facts about ``position``, judged by the one boundary rule (policies/boundary.py)."""
         trainer = self.lightning_module.trainer
         epoch_loop = trainer.fit_loop.epoch_loop
-        if (position + 1) % self.window_steps == 0 or epoch_loop.batch_progress.is_last_batch:
-            return True
-        if trainer.max_steps > 0 and position + 1 >= trainer.max_steps:
-            return True
-        # checkpoints gather every rank's state: they come at boundaries (global_step = position + 1)
-        if any(c._every_n_train_steps > 0 and (position + 1) % c._every_n_train_steps == 0
-               for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)):
-            return True
         every = trainer.val_check_batch  # validation runs after batches where (batch_idx + 1) % every == 0
-        return bool(trainer.enable_validation and isinstance(every, int) and every > 0
-                    and (epoch_loop.batch_idx + 1) % every == 0)
+        validation_follows = bool(trainer.enable_validation and isinstance(every, int) and every > 0
+                                  and (epoch_loop.batch_idx + 1) % every == 0)
+        # checkpoints gather every rank's state: they come at boundaries (global_step = position + 1)
+        checkpoint_every = [c._every_n_train_steps for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        return is_boundary(position, self.window_steps, last_of_epoch=bool(epoch_loop.batch_progress.is_last_batch),
+                           total_steps=trainer.max_steps, validation_follows=validation_follows,
+                           checkpoint_every=checkpoint_every)
 
     # --- the boundary ---------------------------------------------------------------------------
     def _boundary(self) -> None:
