@@ -6,7 +6,8 @@
         [--sweep [--launcher submitit_slurm]] [--aggregate-only DIR] [--resume DIR]
 
 Each cell is one real multi-process Horovod run (``ddp``: Lightning's own DDPStrategy over torch.distributed,
-same job otherwise; opt-in with ``--algorithms ddp``) of the main job, ``python -m lightning_straggler.train``
+same job otherwise; opt-in with ``--algorithms ddp``; ``ddplocal``: the same with post-local SGD, parameters
+averaged every 4 steps after 8 plain steps, Lightning's documented example, not with ``--sweep``) of the main job, ``python -m lightning_straggler.train``
 with Hydra overrides (``algorithm=<a> straggler=<scenario> trainer.devices=<N> seed=<s> ...``), on
 MNIST-1D (MLP 40-256-256-10, batch 32 per worker) with EMULATED device time: every batch sleeps
 factor x ``--device-ms`` ms per sample after backward, plus (factor - 1) x its real compute. A scenario
@@ -114,7 +115,16 @@ from lightning_straggler.ideal import ideal_throughput
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "matrix")
-ALGORITHMS = ("ring", "ddp", "dpar", "awar", "dssync", "boa")  # every one --algorithms accepts, in table order
+ALGORITHMS = ("ring", "ddp", "ddplocal", "dpar", "awar", "dssync", "boa")  # every one --algorithms accepts, in table order
+# a row that is an algorithm file plus settings: ddplocal = Lightning's DDP with post-local SGD, the straggler option
+# Lightning offers (its documented example: parameters averaged every 4 steps after 8 steps of plain DDP)
+ALGORITHM_VARIANTS = {"ddplocal": ["algorithm=ddp", "algorithm.model_averaging_period=4", "algorithm.warmup_steps=8"]}
+
+
+def algorithm_overrides(label: str) -> list[str]:
+    """The Hydra overrides that select --algorithms ``label``."""
+    return list(ALGORITHM_VARIANTS.get(label, [f"algorithm={label}"]))
+
 # run when --algorithms is not given. ddp (Lightning's own DDPStrategy, the peer baseline) is opt-in for now:
 # --algorithms ddp adds it (ring is always there), ratios to ring as for any algorithm
 DEFAULT_ALGORITHMS = ("ring", "dpar", "awar", "dssync", "boa")
@@ -315,7 +325,7 @@ class Plan:
                         extra, seed_dep = scenario_overrides(sc, kinds[sc], world, steps, seed)
                         block: dict[str, dict[str, Any]] = {}
                         for algo in a.algorithms:
-                            ov = [f"algorithm={algo}", f"straggler={sc}", *extra, *self.common(world, steps), f"seed={seed}"]
+                            ov = [*algorithm_overrides(algo), f"straggler={sc}", *extra, *self.common(world, steps), f"seed={seed}"]
                             try:
                                 cfg = load_config(compose(config_name="train", overrides=ov))
                             except Exception as e:  # noqa: BLE001  (ConfigError or a Hydra composition error: both name the setting)
@@ -1072,7 +1082,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          f"{QUICK['steps']} steps (options given explicitly still win)")
     ap.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None,
                     help=f"any of {', '.join(ALGORITHMS)} (default: {', '.join(DEFAULT_ALGORITHMS)}; ddp is Lightning's own "
-                         "DDPStrategy, the baseline); ring is always added (the reference)")
+                         "DDPStrategy, the baseline; ddplocal the same with post-local SGD); ring is always added (the reference)")
     ap.add_argument("--scenarios", nargs="+", default=None,
                     help=f"names of conf/straggler/<name>.yaml (default: {' '.join(SCENARIOS)})")
     ap.add_argument("--world-sizes", nargs="+", type=int, default=None, help="workers per run (default 4 8)")
@@ -1156,6 +1166,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         bad("--threads", f"must be >= 1 (got {a.threads})")
     if a.run_timeout <= 0:
         bad("--run-timeout", f"must be > 0 (got {a.run_timeout})")
+    if a.sweep and any(x in ALGORITHM_VARIANTS for x in a.algorithms):
+        bad("--algorithms", f"{', '.join(x for x in a.algorithms if x in ALGORITHM_VARIANTS)} not with --sweep (a Hydra "
+                            "multirun sweeps algorithm files; this row is a file plus settings): run it without --sweep")
     if a.sweep and a.noise:
         bad("--noise", "not with --sweep (a Hydra multirun cannot run ring twice into one sweep directory)")
     if a.launcher is not None:

@@ -434,6 +434,27 @@ def test_quick_plan_and_sweep_commands(capsys):
     assert sum("seed=0,1" in i["overrides"] for i in cells) == 4
 
 
+def test_ddplocal_row_is_ddp_with_post_local_sgd_and_composes():
+    a = m.parse_args(["--algorithms", "ring", "ddp", "ddplocal", "--scenarios", "none", "--world-sizes", "4",
+                      "--seeds", "1", "--steps", "30"])
+    plan = m.Plan(a)
+    plan.build()
+    by_label = {c["algorithm"]: c for c in plan.cells}
+    assert set(by_label) == {"ring", "ddp", "ddplocal"}
+    ov = by_label["ddplocal"]["overrides"]
+    assert ov[:3] == ["algorithm=ddp", "algorithm.model_averaging_period=4", "algorithm.warmup_steps=8"]
+    assert by_label["ddp"]["overrides"][0] == "algorithm=ddp" and "algorithm.model_averaging_period=4" not in by_label["ddp"]["overrides"]
+    assert m.parse_run_name(m.run_name("ddplocal", "none", 4, 0)) == {"algorithm": "ddplocal", "scenario": "none",
+                                                                        "world_size": 4, "seed": 0}
+
+
+def test_ddplocal_is_refused_with_sweep_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        m.parse_args(["--sweep", "--algorithms", "ring", "ddplocal"])
+    err = capsys.readouterr().err
+    assert "--algorithms" in err and "ddplocal" in err and "--sweep" in err
+
+
 # --- the real thing, tiny ----------------------------------------------------------------------
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)  # 4 short runs; on 2 cores shared with other jobs (load 14) one start takes 60 s
