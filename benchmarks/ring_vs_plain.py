@@ -16,8 +16,9 @@ optimizer steps. Every round runs each implementation once, in an order shuffled
 round and reported with benchmarks/stats.py's rules: median and 95% bootstrap interval, win / loss /
 no difference against 1.
 
-Output: ``<out>/report.json`` (settings, every run's samples and seconds, the intervals), ``<out>/report.md``
-and ``<out>/command.txt``; default ``<out>`` = ``benchmarks/results/ring_vs_plain/<stamp>`` (committed;
+Output: ``<out>/report.json`` (settings, every run's samples and seconds, the intervals), ``<out>/report.md``,
+``<out>/command.txt`` and ``<out>/runs.jsonl`` (the Lightning runs' summary.json trimmed: per-rank compute,
+communication and waiting per step); default ``<out>`` = ``benchmarks/results/ring_vs_plain/<stamp>`` (committed;
 ``--quick`` ones are git-ignored). ``--aggregate-only DIR`` recomputes report.md/json from DIR's runs.
 
 What is timed (the same on both sides, on rank 0, wall clock):
@@ -198,6 +199,27 @@ def aggregate(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def per_step_breakdown(out: str) -> Dict[str, Any]:
+    """From ``<out>/runs.jsonl``: per world size and Lightning implementation, the median over its runs of
+    the per-rank mean compute, communication and waiting per step (ms), as the profiler splits a step
+    (``lightning_straggler.profiling``; for ddp the split is at its first gradient bucket, see ddp_baseline)."""
+    path = os.path.join(out, "runs.jsonl")
+    if not os.path.exists(path):
+        return {}
+    acc: Dict[str, Dict[str, Dict[str, List[float]]]] = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            name = rec["path"].split("/")[1]  # <impl>_N<n>_round<r>
+            impl, n = name.rsplit("_N", 1)[0].replace("ring_2", NOISE_LABEL), name.rsplit("_N", 1)[1].split("_")[0]
+            ranks = rec["summary"]["per_rank"].values()
+            cell = acc.setdefault(n, {}).setdefault(impl, {"compute": [], "comm": [], "wait": []})
+            for key in ("compute", "comm", "wait"):
+                cell[key].append(1e3 * statistics.mean(r[f"{key}_s"]["mean"] for r in ranks))
+    return {n: {impl: {k: round(statistics.median(v), 2) for k, v in parts.items()} for impl, parts in sorted(by.items())}
+            for n, by in sorted(acc.items(), key=lambda kv: int(kv[0]))}
+
+
 def markdown(report: Dict[str, Any]) -> str:
     st = report["settings"]
     lines = [f"# ring vs a plain Horovod loop" + (" and Lightning's DDP" if "ddp" in st["implementations"] else ""), "",
@@ -213,6 +235,12 @@ def markdown(report: Dict[str, Any]) -> str:
                         for i in st["implementations"])
         for name, ci in cell["ratios"].items():
             lines.append(f"| {n} | {tp} | {name} | {fmt_interval(ci, '.3f')} |")
+    if report.get("per_step"):
+        lines += ["", "Where a Lightning run's step goes (ms per step, per-rank mean, median over rounds; runs.jsonl):", "",
+                  "| workers | implementation | compute | communication | waiting |", "|---|---|---:|---:|---:|"]
+        for n, by in report["per_step"].items():
+            for impl, v in by.items():
+                lines.append(f"| {n} | {impl} | {v['compute']:.2f} | {v['comm']:.2f} | {v['wait']:.2f} |")
     lines += ["", "Per run (round, order position, samples / seconds):", "",
               "| workers | round | position | implementation | samples/s | seconds |", "|---|---|---|---|---:|---:|"]
     for r in report["runs"]:
@@ -221,8 +249,26 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_trimmed_summaries(out: str) -> str:
+    """``<out>/runs.jsonl``: the ring and ddp runs' summary.json, trimmed as the matrix trims them (per-rank
+    compute / communication / waiting per step: where the time goes), so they ship without runs/."""
+    import glob
+
+    from benchmarks.matrix import trim_summary
+
+    path = os.path.join(out, "runs.jsonl")
+    with open(path, "w") as f:
+        for p in sorted(glob.glob(os.path.join(out, "runs", "*", "summary.json"))):
+            with open(p) as g:
+                rec = {"path": os.path.relpath(p, out), "summary": trim_summary(json.load(g))}
+            f.write(json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n")
+    return path
+
+
 def write(report: Dict[str, Any], out: str) -> None:
     os.makedirs(out, exist_ok=True)
+    if os.path.isdir(os.path.join(out, "runs")):
+        write_trimmed_summaries(out)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out, "report.md"), "w") as f:
@@ -252,6 +298,7 @@ def main(argv=None) -> Dict[str, Any]:
         with open(os.path.join(args.aggregate_only, "report.json")) as f:
             report = json.load(f)
         report["aggregate"] = aggregate(report["runs"])
+        report["per_step"] = per_step_breakdown(args.aggregate_only)
         write(report, args.aggregate_only)
         print(markdown(report))
         return report
@@ -310,6 +357,8 @@ def main(argv=None) -> Dict[str, Any]:
         "runs": runs,
     }
     report["aggregate"] = aggregate(runs)
+    write(report, out)  # writes runs.jsonl first
+    report["per_step"] = per_step_breakdown(out)
     write(report, out)
     print(markdown(report))
     for n, cell in report["aggregate"].items():
