@@ -32,6 +32,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from benchmarks.report import write_report
 from benchmarks.stats import fmt_interval, labelled, shuffled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,13 +152,7 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def write(report: Dict[str, Any], out: str) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(markdown(report))
-    with open(os.path.join(out, "command.txt"), "w") as f:
-        f.write(report["command"] + "\n")
+    write_report(report, out, markdown)
 
 
 def main(argv=None) -> Dict[str, Any]:

@@ -51,6 +51,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
+from benchmarks.report import write_report
 from benchmarks.stats import fmt_interval, labelled, shuffled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,12 +270,7 @@ def write(report: Dict[str, Any], out: str) -> None:
     os.makedirs(out, exist_ok=True)
     if os.path.isdir(os.path.join(out, "runs")):
         write_trimmed_summaries(out)
-    with open(os.path.join(out, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(markdown(report))
-    with open(os.path.join(out, "command.txt"), "w") as f:
-        f.write(report["command"] + "\n")
+    write_report(report, out, markdown)
 
 
 def main(argv=None) -> Dict[str, Any]:
