@@ -30,6 +30,10 @@ class Collectives(ABC):
     different amounts of other traffic still match their collectives.
     """
 
+    #: whether the strategy must start worker processes for it (False: every rank already runs, e.g. the
+    #: in-process world of comm/fake.py, where each rank is a thread)
+    needs_launcher = True
+
     @abstractmethod
     def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
         """Join the job; ``dynamic_groups=False`` when only whole-world collectives and the

@@ -247,6 +247,8 @@ class _JoinHandle:
 class FakeCollectives(Collectives):
     """Rank ``rank`` of a :class:`FakeWorld`; names collectives as HorovodCollectives does (tag and group)."""
 
+    needs_launcher = False  # each rank is a thread of FakeWorld.run, already running
+
     def __init__(self, world: FakeWorld, rank: int) -> None:
         self.world, self._rank = world, rank
         self._initialized = False

@@ -199,6 +199,9 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def _configure_launcher(self) -> None:
+        if not self.comm.needs_launcher:  # an in-process world (comm/fake.py, tests): every rank already runs
+            self._launcher = None
+            return
         if not attached_to_horovod():
             # a task of a multi-task srun step becomes one worker (sets Horovod's variables; task 0 hosts
             # the rendezvous); anything else is left as it is

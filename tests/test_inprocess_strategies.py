@@ -1,0 +1,174 @@
+"""The strategies' protocols in one process: every rank is a thread of a FakeWorld (comm/fake.py) running
+its own Lightning Trainer with the real strategy class, so the strategy code under test is the one that
+runs over Horovod; only the collectives are in-process. Each run takes well under a second, so the
+protocols can be driven through many straggler schedules; the multi-process tests keep what only real
+workers show (Horovod itself, processes, signals, the launcher)."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+import warnings
+from typing import Any, Callable, Dict, List
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning.pytorch as pl
+from lightning_straggler.comm.fake import FakeWorld
+from lightning_straggler.strategies import AwarStrategy, DparStrategy, RingStrategy
+
+N_SAMPLES, BATCH, LR, MOMENTUM = 1024, 4, 0.1, 0.9
+_g = torch.Generator().manual_seed(1)
+X, Y = torch.randn(N_SAMPLES, 4, generator=_g), torch.randint(0, 2, (N_SAMPLES,), generator=_g)
+INDEX = torch.arange(N_SAMPLES)
+
+
+class Net(pl.LightningModule):
+    """A linear classifier; ``delay(rank, step)`` seconds of sleep per step emulate a slow device; every
+    step's sample indices are recorded (to rebuild the global batch for the single-process reference)."""
+
+    def __init__(self, delay: Callable[[int, int], float]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(4, 2)
+        self.delay, self.batches = delay, []
+
+    def training_step(self, batch, batch_idx):
+        x, y, idx = batch
+        self.batches.append(idx.tolist())
+        seconds = self.delay(self.trainer.strategy.global_rank, self.trainer.global_step)
+        if seconds:
+            time.sleep(seconds)
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
+
+
+def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s: 0.0) -> List[Dict[str, Any]]:
+    """Every rank's global step, parameters, batches and decision events after ``steps`` steps."""
+    def rank_main(comm):
+        strategy = make_strategy(comm)
+        trainer = pl.Trainer(strategy=strategy, devices=world_size, accelerator="cpu", max_steps=steps, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        model = Net(delay)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, DataLoader(TensorDataset(X, Y, INDEX), batch_size=BATCH))
+        group = strategy.group() if hasattr(strategy, "group") else list(range(world_size))
+        return {"step": trainer.global_step, "params": [p.detach().clone() for p in model.parameters()],
+                "batches": model.batches, "events": list(strategy.events), "group": list(group)}
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_straggler"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return FakeWorld(world_size, timeout_s=120).run(rank_main)
+
+
+def sgd_reference(step_batches: List[List[List[int]]]) -> List[torch.Tensor]:
+    """Single-process SGD (same model, lr, momentum) where step k's gradient is the mean over ranks of each
+    rank's mean-loss gradient on its batch of step k: what a synchronous all-reduce of averages computes."""
+    model = Net(lambda r, s: 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for per_rank in step_batches:
+        opt.zero_grad()
+        grads = []
+        for idx in per_rank:
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model.layer(X[idx]), Y[idx]).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = sum(g[i] for g in grads) / len(grads)
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_ring_in_process_equals_single_process_sgd_on_the_ranks_batches():
+    out = fit_in_process(4, lambda comm: RingStrategy(comm=comm), steps=12)
+    assert [o["step"] for o in out] == [12] * 4
+    # the ranks' batches are disjoint shards
+    seen = [i for o in out for b in o["batches"] for i in b]
+    assert len(seen) == len(set(seen)) == 4 * 12 * BATCH
+    want = sgd_reference([[o["batches"][k] for o in out] for k in range(12)])
+    for o in out:
+        for got, ref in zip(o["params"], want):
+            assert torch.allclose(got, ref, atol=1e-6)
+
+
+def test_dpar_without_exclusions_trains_exactly_as_ring():
+    ring = fit_in_process(4, lambda comm: RingStrategy(comm=comm), steps=12)
+    dpar = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=4, slow_ratio=1000.0,
+                                                      strikeout_ratio=1000.0), steps=12)
+    assert all(not o["events"] for o in dpar)
+    assert [o["batches"] for o in dpar] == [o["batches"] for o in ring]
+    for d, r in zip(dpar, ring):
+        for a, b in zip(d["params"], r["params"]):
+            assert torch.equal(a, b)
+
+
+def test_dpar_excludes_a_slow_rank_at_the_first_boundary_it_shows_and_every_rank_decides_alike():
+    slow = lambda r, s: 0.06 if (r == 3 and s >= 5) else 0.01  # noqa: E731  (10 ms a step: thread noise stays small)
+    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5), steps=30, delay=slow)
+    assert [o["step"] for o in out] == [30] * 4
+    events = out[0]["events"]
+    assert all(o["events"] == events for o in out)  # decided from the same gathered numbers
+    first = events[0]
+    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("transition", 3, 9, "slow")
+    assert 3 not in out[0]["group"]
+    group = out[0]["group"]
+    for r in group:
+        for a, b in zip(out[r]["params"], out[group[0]]["params"]):
+            assert torch.equal(a, b)
+
+
+def test_awar_classifies_a_slow_rank_and_merges_every_period_with_update_weights():
+    slow = lambda r, s: 0.06 if (r == 3 and s >= 5) else 0.01  # noqa: E731  (10 ms a step: thread noise stays small)
+    out = fit_in_process(4, lambda comm: AwarStrategy(comm=comm, period_steps=5), steps=30, delay=slow)
+    assert [o["step"] for o in out] == [30] * 4
+    events = out[0]["events"]
+    assert all(o["events"] == events for o in out)
+    first = events[0]
+    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("classification", 3, 9, "straggler")
+    merges = [e for e in events if e["kind"] == "average"]
+    assert [e["step"] for e in merges] == [14, 19, 24, 29]
+    for e in merges:  # weights are the updates each rank contributed since the last merge
+        assert sum(e["weights"]) == pytest.approx(1.0)
+        assert e["weights"] == pytest.approx([u / sum(e["updates"]) for u in e["updates"]])
+        assert e["updates"][3] < e["updates"][0]
+    for o in out[1:]:  # after the last merge every rank holds the same model
+        for a, b in zip(o["params"], out[0]["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+def _random_delays(seed: int, world: int, steps: int) -> Callable[[int, int], float]:
+    """Per rank, 0-2 slow episodes of 3-12 steps at 5-20 ms per step (seeded)."""
+    rng = random.Random(seed)
+    slow = {}
+    for r in range(world):
+        for _ in range(rng.randint(0, 2)):
+            start, length, seconds = rng.randrange(steps), rng.randint(3, 12), rng.uniform(0.005, 0.02)
+            for s in range(start, min(steps, start + length)):
+                slow[(r, s)] = seconds
+    return lambda r, s: slow.get((r, s), 0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["dpar", "awar"])
+@pytest.mark.parametrize("world, seed", [(4, s) for s in range(8)] + [(8, s) for s in range(3)])
+def test_randomised_straggler_schedules_finish_with_every_rank_deciding_alike(algorithm, world, seed):
+    """Through random schedules (exclusions, strike-outs, re-admissions, classifications, merges): every
+    rank finishes every step, no collective is left unmatched (the fake world detects it exactly), every
+    rank logs the same decisions, and the ranks of the final group hold the same model."""
+    steps = 36
+    if algorithm == "dpar":
+        make = lambda comm: DparStrategy(comm=comm, window_steps=4, readmit_windows=1)  # noqa: E731
+    else:
+        make = lambda comm: AwarStrategy(comm=comm, period_steps=4)  # noqa: E731
+    out = fit_in_process(world, make, steps=steps, delay=_random_delays(seed, world, steps))
+    assert [o["step"] for o in out] == [steps] * world
+    assert all(o["events"] == out[0]["events"] for o in out)
+    group = out[0]["group"]
+    assert all(o["group"] == group for o in out)
+    for r in group:
+        for a, b in zip(out[r]["params"], out[group[0]]["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
