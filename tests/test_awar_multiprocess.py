@@ -48,7 +48,8 @@ def test_weighted_average_matches_the_closed_form_and_the_group_waits_at_most_a_
 
 
 def test_random_straggler_schedules_always_finish():
-    for seed in range(2):
+    # one schedule over real Horovod workers; many more in one process: tests/test_inprocess_strategies.py
+    for seed in range(1):
         injector = StragglerInjector(RandomSchedule(seed, 0.4, 2.0, 12.0, 1, 10, 4), device_ms_per_sample=0.5)
         strategy = AwarStrategy(period_steps=3)
         trainer = fit(make_model(seed), strategy, 4, 8, 24, callbacks=[injector, RankSpread()],

@@ -74,7 +74,9 @@ def test_permanent_20x_straggler_is_struck_out():
 
 
 def test_random_straggler_schedules_always_finish():
-    for seed in range(3):
+    # one schedule over real Horovod workers (its join, processes); many more schedules run in one process
+    # through the same strategy code: tests/test_inprocess_strategies.py
+    for seed in range(1):
         injector = StragglerInjector(RandomSchedule(seed, 0.4, 2.0, 12.0, 1, 10, 4), device_ms_per_sample=0.5)
         strategy = DparStrategy(window_steps=3, readmit_windows=1, strikeout_windows=2)
         trainer = fit(make_model(seed), strategy, 4, 8, 24, callbacks=[injector, RankSpread()],

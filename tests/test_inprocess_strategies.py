@@ -43,20 +43,29 @@ class Net(pl.LightningModule):
             time.sleep(seconds)
         return torch.nn.functional.cross_entropy(self.layer(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y, _ = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(x), y), sync_dist=True)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
 
 
-def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s: 0.0) -> List[Dict[str, Any]]:
-    """Every rank's global step, parameters, batches and decision events after ``steps`` steps."""
+def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s: 0.0,
+                   val_every: int = 0) -> List[Dict[str, Any]]:
+    """Every rank's global step, parameters, batches and decision events after ``steps`` steps (validating
+    every ``val_every`` steps on 2 batches when > 0)."""
     def rank_main(comm):
         strategy = make_strategy(comm)
+        validation = {"val_check_interval": val_every, "limit_val_batches": 2} if val_every else {"limit_val_batches": 0}
         trainer = pl.Trainer(strategy=strategy, devices=world_size, accelerator="cpu", max_steps=steps, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0, **validation)
         model = Net(delay)
+        loader = DataLoader(TensorDataset(X, Y, INDEX), batch_size=BATCH)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer.fit(model, DataLoader(TensorDataset(X, Y, INDEX), batch_size=BATCH))
+            trainer.fit(model, loader, loader if val_every else None)
         group = strategy.group() if hasattr(strategy, "group") else list(range(world_size))
         return {"step": trainer.global_step, "params": [p.detach().clone() for p in model.parameters()],
                 "batches": model.batches, "events": list(strategy.events), "group": list(group)}
@@ -156,7 +165,8 @@ def _random_delays(seed: int, world: int, steps: int) -> Callable[[int, int], fl
 @pytest.mark.parametrize("algorithm", ["dpar", "awar"])
 @pytest.mark.parametrize("world, seed", [(4, s) for s in range(8)] + [(8, s) for s in range(3)])
 def test_randomised_straggler_schedules_finish_with_every_rank_deciding_alike(algorithm, world, seed):
-    """Through random schedules (exclusions, strike-outs, re-admissions, classifications, merges): every
+    """Through random schedules (exclusions, re-admissions, classifications, merges; validation every 7
+    steps, a boundary off the window grid): every
     rank finishes every step, no collective is left unmatched (the fake world detects it exactly), every
     rank logs the same decisions, and the ranks of the final group hold the same model."""
     steps = 36
@@ -164,7 +174,7 @@ def test_randomised_straggler_schedules_finish_with_every_rank_deciding_alike(al
         make = lambda comm: DparStrategy(comm=comm, window_steps=4, readmit_windows=1)  # noqa: E731
     else:
         make = lambda comm: AwarStrategy(comm=comm, period_steps=4)  # noqa: E731
-    out = fit_in_process(world, make, steps=steps, delay=_random_delays(seed, world, steps))
+    out = fit_in_process(world, make, steps=steps, delay=_random_delays(seed, world, steps), val_every=7)
     assert [o["step"] for o in out] == [steps] * world
     assert all(o["events"] == out[0]["events"] for o in out)
     group = out[0]["group"]

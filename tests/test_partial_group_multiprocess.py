@@ -37,7 +37,8 @@ def test_without_stragglers_equals_ring_at_8_ranks(name):
 
 @pytest.mark.parametrize("name", ["dpar", "awar"])
 def test_random_straggler_schedules_at_8_ranks_always_finish(name):
-    for seed in range(2):
+    # one schedule over 8 real Horovod workers; more at 8 ranks in one process: tests/test_inprocess_strategies.py
+    for seed in range(1):
         injector = StragglerInjector(RandomSchedule(seed, 0.3, 2.0, 10.0, 1, 8, 4), device_ms_per_sample=0.5)
         strategy = _strategy(name, 3, **({"readmit_windows": 1, "strikeout_windows": 2} if name == "dpar" else {}))
         trainer = fit(make_model(seed), strategy, 8, 4, 18, callbacks=[injector, RankSpread()],
