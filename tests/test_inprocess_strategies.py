@@ -31,8 +31,12 @@ class Net(pl.LightningModule):
 
     def __init__(self, delay: Callable[[int, int], float]) -> None:
         super().__init__()
-        torch.manual_seed(0)
         self.layer = torch.nn.Linear(4, 2)
+        # the initial weights from a private generator: the ranks are threads, and torch's global RNG is shared
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            self.layer.weight.copy_(0.5 * torch.randn(2, 4, generator=g))
+            self.layer.bias.copy_(0.1 * torch.randn(2, generator=g))
         self.delay, self.batches = delay, []
 
     def training_step(self, batch, batch_idx):
@@ -114,6 +118,15 @@ def test_dpar_without_exclusions_trains_exactly_as_ring():
     for d, r in zip(dpar, ring):
         for a, b in zip(d["params"], r["params"]):
             assert torch.equal(a, b)
+
+
+def test_awar_without_stragglers_trains_exactly_as_ring():
+    ring = fit_in_process(4, lambda comm: RingStrategy(comm=comm), steps=12)
+    awar = fit_in_process(4, lambda comm: AwarStrategy(comm=comm, period_steps=4, slow_ratio=1000.0), steps=12)
+    assert all(not a_["events"] for a_ in awar)  # nobody classified, nothing to merge
+    for a_, r in zip(awar, ring):
+        for a, b in zip(a_["params"], r["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_dpar_excludes_a_slow_rank_at_the_first_boundary_it_shows_and_every_rank_decides_alike():
