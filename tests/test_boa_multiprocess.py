@@ -63,7 +63,8 @@ def test_rebalances_towards_fast_workers_under_a_static_mix():
 
 
 def test_random_straggler_schedules_always_finish():
-    for seed in range(2):
+    # one schedule over real Horovod workers; more in one process: tests/test_inprocess_strategies.py
+    for seed in range(1):
         injector = StragglerInjector(RandomSchedule(seed, 0.5, 2.0, 20.0, 1, 6, 3), device_ms_per_sample=0.5)
         strategy = BoaStrategy(window_steps=3, rebalance_gain=0.0, tune_workers=True)
         trainer = fit(make_model(seed), strategy, 4, 8, 12, callbacks=[injector, RankSpread()])

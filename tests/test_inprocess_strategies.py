@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning.pytorch as pl
 from lightning_straggler.comm.fake import FakeWorld
-from lightning_straggler.strategies import AwarStrategy, DparStrategy, RingStrategy
+from lightning_straggler.strategies import AwarStrategy, BoaStrategy, DparStrategy, DSSyncStrategy, RingStrategy
 
 N_SAMPLES, BATCH, LR, MOMENTUM = 1024, 4, 0.1, 0.9
 _g = torch.Generator().manual_seed(1)
@@ -194,4 +194,48 @@ def test_randomised_straggler_schedules_finish_with_every_rank_deciding_alike(al
     assert all(o["group"] == group for o in out)
     for r in group:
         for a, b in zip(out[r]["params"], out[group[0]]["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("sync", ["params", "grads"])
+def test_dssync_with_one_group_of_everyone_equals_ring(sync):
+    # SGD with momentum is linear in the gradient: averaging parameters after local steps from equal
+    # parameters gives the ring trajectory too
+    ring = fit_in_process(4, lambda comm: RingStrategy(comm=comm), steps=8)
+    ds = fit_in_process(4, lambda comm: DSSyncStrategy(comm=comm, group_size=4, sync=sync), steps=8)
+    for d, r in zip(ds, ring):
+        for a, b in zip(d["params"], r["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dssync_random_group_schedules_finish_in_consensus(seed):
+    """Random partitions into groups of 2 with global averages every 4 steps, under random stragglers:
+    every rank finishes, logs the same schedule and averages, and ends in consensus (the last step's
+    global average)."""
+    make = lambda comm: DSSyncStrategy(comm=comm, group_size=2, schedule="random", seed=seed,  # noqa: E731
+                                       global_every_steps=4)
+    out = fit_in_process(4, make, steps=20, delay=_random_delays(seed, 4, 20), val_every=7)
+    assert [o["step"] for o in out] == [20] * 4
+    assert all(o["events"] == out[0]["events"] for o in out)
+    assert sum(e["kind"] == "global_average" for e in out[0]["events"]) >= 5
+    for o in out[1:]:
+        for a, b in zip(o["params"], out[0]["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_boa_random_straggler_schedules_finish_with_one_model_and_every_rank_deciding_alike(seed):
+    """BOA re-plans batch sizes (and may drop slow workers) from gathered time models every 3 steps under
+    random stragglers: every rank finishes, logs the same allocations, and holds the same model."""
+    make = lambda comm: BoaStrategy(comm=comm, window_steps=3, rebalance_gain=0.0, tune_workers=True,  # noqa: E731
+                                    global_batch=16)
+    out = fit_in_process(4, make, steps=18, delay=_random_delays(seed, 4, 18), val_every=7)
+    assert [o["step"] for o in out] == [18] * 4
+    events = out[0]["events"]
+    assert all(o["events"] == events for o in out)
+    allocations = [e for e in events if "batch_sizes" in e]
+    assert allocations and all(sum(e["batch_sizes"]) == 16 for e in allocations)
+    for o in out[1:]:
+        for a, b in zip(o["params"], out[0]["params"]):
             assert torch.allclose(a, b, atol=1e-6)
