@@ -7,7 +7,7 @@ from lightning_straggler import DSSyncStrategy
 from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.policies.dssync import DSSyncSchedule
 from lightning_straggler.policies.injection import RandomSchedule
-from tests.helpers import RankSpread, Snapshots, flat_params
+from tests.helpers import RankSpread, Snapshots
 from tests.test_ring_multiprocess import fit, make_model
 
 pytestmark = pytest.mark.multiprocess
