@@ -29,8 +29,9 @@ class Net(pl.LightningModule):
     """A linear classifier; ``delay(rank, step)`` seconds of sleep per step emulate a slow device; every
     step's sample indices are recorded (to rebuild the global batch for the single-process reference)."""
 
-    def __init__(self, delay: Callable[[int, int], float]) -> None:
+    def __init__(self, delay: Callable[[int, int], float], poison=lambda r, s: False) -> None:
         super().__init__()
+        self.poison = poison  # (rank, step) -> multiply that step's loss by NaN
         self.layer = torch.nn.Linear(4, 2)
         # the initial weights from a private generator: the ranks are threads, and torch's global RNG is shared
         g = torch.Generator().manual_seed(0)
@@ -45,7 +46,10 @@ class Net(pl.LightningModule):
         seconds = self.delay(self.trainer.strategy.global_rank, self.trainer.global_step)
         if seconds:
             time.sleep(seconds)
-        return torch.nn.functional.cross_entropy(self.layer(x), y)
+        loss = torch.nn.functional.cross_entropy(self.layer(x), y)
+        if self.poison(self.trainer.strategy.global_rank, self.trainer.global_step):
+            loss = loss * float("nan")
+        return loss
 
     def validation_step(self, batch, batch_idx):
         x, y, _ = batch
@@ -56,7 +60,7 @@ class Net(pl.LightningModule):
 
 
 def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s: 0.0,
-                   val_every: int = 0) -> List[Dict[str, Any]]:
+                   val_every: int = 0, poison=lambda r, s: False) -> List[Dict[str, Any]]:
     """Every rank's global step, parameters, batches and decision events after ``steps`` steps (validating
     every ``val_every`` steps on 2 batches when > 0)."""
     def rank_main(comm):
@@ -65,7 +69,7 @@ def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s
         trainer = pl.Trainer(strategy=strategy, devices=world_size, accelerator="cpu", max_steps=steps, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, **validation)
-        model = Net(delay)
+        model = Net(delay, poison)
         loader = DataLoader(TensorDataset(X, Y, INDEX), batch_size=BATCH)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -242,3 +246,18 @@ def test_boa_random_straggler_schedules_finish_with_one_model_and_every_rank_dec
     for o in out[1:]:
         for a, b in zip(o["params"], out[0]["params"]):
             assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_nonfinite_skip_skips_the_poisoned_step_on_every_rank_and_logs_it():
+    """A NaN loss on rank 2 at step 3 with nonfinite="skip": nobody applies that step, the parameters stay
+    finite and equal on every rank, and one event names rank 2 and step 3 (the error path, whose message
+    travels through the launcher, is tested with real workers: tests/test_nonfinite_multiprocess.py)."""
+    out = fit_in_process(4, lambda comm: RingStrategy(comm=comm, nonfinite="skip"), steps=6,
+                         poison=lambda r, s: (r, s) == (2, 3))
+    for o in out:
+        assert all(torch.isfinite(p).all() for p in o["params"])
+        for a, b in zip(o["params"], out[0]["params"]):
+            assert torch.equal(a, b)
+    skipped = [e for e in out[0]["events"] if e["kind"] == "nonfinite_skipped"]
+    assert len(skipped) == 1 and skipped[0]["ranks"] == [2] and skipped[0]["step"] == 3
+    assert all(o["events"] == out[0]["events"] for o in out)
