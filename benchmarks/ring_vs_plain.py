@@ -223,7 +223,7 @@ def per_step_breakdown(out: str) -> Dict[str, Any]:
 
 def markdown(report: Dict[str, Any]) -> str:
     st = report["settings"]
-    lines = [f"# ring vs a plain Horovod loop" + (" and Lightning's DDP" if "ddp" in st["implementations"] else ""), "",
+    lines = ["# ring vs a plain Horovod loop" + (" and Lightning's DDP" if "ddp" in st["implementations"] else ""), "",
              f"Command: `{report['command']}`", "",
              f"{st['steps']} steps, batch {BATCH} per worker, {st['data']}, emulated device time "
              f"{st['emulated_device_ms_per_sample']} ms/sample, {st['repeats']} rounds, order shuffled per round "

@@ -156,6 +156,20 @@ class FakeWorld:
             op.result = op.payload[root][1]
         op.done = True
 
+    def _complete_if_ready(self, op: _Op) -> None:
+        """Under the lock: compute ``op``'s result once every member that must deposit has."""
+        if not op.done and all(r in op.payload for r in self._active(op)):
+            self._complete(op)
+            self._cv.notify_all()
+
+    def _wait_or_raise(self) -> None:
+        """Under the lock: raise FakeDeadlock if the world is deadlocked, else wait for a change."""
+        self._check_deadlock()
+        if self._deadlock:
+            self._cv.notify_all()
+            raise FakeDeadlock(f"fake world of {self.size}: {self._deadlock}")
+        self._cv.wait(0.5)
+
     def _collective(self, rank: int, name: str, kind: str, members: Tuple[int, ...], payload: Any) -> Any:
         with self._cv:
             if self._deadlock:
@@ -183,16 +197,10 @@ class FakeWorld:
             op.payload[rank] = payload
             self._waiting[rank] = name
             while True:
-                if not op.done and all(r in op.payload for r in self._active(op)):
-                    self._complete(op)
-                    self._cv.notify_all()
+                self._complete_if_ready(op)
                 if op.done:
                     break
-                self._check_deadlock()
-                if self._deadlock:
-                    self._cv.notify_all()
-                    raise FakeDeadlock(f"fake world of {self.size}: {self._deadlock}")
-                self._cv.wait(0.5)
+                self._wait_or_raise()
             self._waiting.pop(rank, None)
             self.log.append((rank, name))
             del op.payload[rank]
@@ -215,16 +223,11 @@ class FakeWorld:
             # a world all-reduce others wait in may complete now that this rank adds zeros
             for queue in self._ops.values():
                 for op in queue:
-                    if not op.done and op.kind == "allreduce" and all(r in op.payload for r in self._active(op)):
-                        self._complete(op)
+                    self._complete_if_ready(op)
             self._cv.notify_all()
             self._waiting[rank] = f"join#{my_round}"
             while my_round not in self._last_joined:
-                self._check_deadlock()
-                if self._deadlock:
-                    self._cv.notify_all()
-                    raise FakeDeadlock(f"fake world of {self.size}: {self._deadlock}")
-                self._cv.wait(0.5)
+                self._wait_or_raise()
             self._waiting.pop(rank, None)
             self.log.append((rank, f"join#{my_round}"))
             return self._last_joined[my_round]
