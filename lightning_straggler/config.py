@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lightning_straggler.policies.awar import AwarThresholds as _AWAR  # pure policies: no torch, no Lightning
 from lightning_straggler.policies.dpar import DparThresholds as _DPAR
+from lightning_straggler.policies.boundary import DEFAULT_REACT_STEPS
 
 
 class ConfigError(ValueError):
@@ -111,10 +112,16 @@ class BoaConfig:
                    f"null or {world_size} sizes >= 0 summing to global_batch ({self.global_batch})", sizes)
 
 
+def _check_react_steps(value) -> None:
+    _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "algorithm.react_steps",
+           "an integer >= 0 (0 = decide only at window ends)", value)
+
+
 @dataclass
 class DparConfig:
     name: str = "dpar"
     window_steps: int = 20  # steps between decision boundaries
+    react_steps: int = DEFAULT_REACT_STEPS  # nobody excluded: decide early after this many slow steps in a row (0 = off)
     # the thresholds' defaults are the policy's own (policies/dpar.py DparThresholds): one source
     slow_ratio: float = _DPAR.slow_ratio  # exclude when a worker's window median >= slow_ratio x the group's ...
     strikeout_ratio: float = _DPAR.strikeout_ratio  # strike out when >= strikeout_ratio x the group's ...
@@ -130,6 +137,7 @@ class DparConfig:
         from lightning_straggler.policies.dpar import DparThresholds
 
         _check(self.window_steps >= 1, "algorithm.window_steps", ">= 1", self.window_steps)
+        _check_react_steps(self.react_steps)
         try:
             DparThresholds(self.slow_ratio, self.strikeout_ratio, self.strikeout_windows, self.readmit_ratio,
                            self.readmit_windows, self.min_active, self.data_penalty).validate(world_size)
@@ -141,6 +149,7 @@ class DparConfig:
 class AwarConfig:
     name: str = "awar"
     period_steps: int = 20  # also merge every N steps (0 = only at epoch ends, validation and the end)
+    react_steps: int = DEFAULT_REACT_STEPS  # nobody outside: decide early after this many slow steps in a row (0 = off)
     # the thresholds' defaults are the policy's own (policies/awar.py AwarThresholds): one source
     slow_ratio: float = _AWAR.slow_ratio  # straggler when its median compute >= slow_ratio x the group's
     recover_ratio: float = _AWAR.recover_ratio  # rejoins the group when <= recover_ratio x the group's
@@ -151,6 +160,7 @@ class AwarConfig:
         from lightning_straggler.policies.awar import WEIGHTINGS, AwarThresholds
 
         _check(self.period_steps >= 0, "algorithm.period_steps", ">= 0 (0 = only at epoch ends)", self.period_steps)
+        _check_react_steps(self.react_steps)
         _check(self.weighting in WEIGHTINGS, "algorithm.weighting", f"one of {', '.join(WEIGHTINGS)}", self.weighting)
         try:
             AwarThresholds(self.slow_ratio, self.recover_ratio, self.min_group).validate(world_size)

@@ -70,6 +70,11 @@ class StepRecorder:
     def mark_compute_end(self) -> None:
         self._compute_end = self._clock()
 
+    def compute_of_current_step(self) -> float:
+        """Compute time of the step in flight, up to :meth:`mark_compute_end` (or now)."""
+        end = self._compute_end if self._compute_end is not None else self._clock()
+        return end - self._t0 if self._t0 is not None else 0.0
+
     def add_comm(self, seconds: float) -> None:
         self._comm += float(seconds)
 

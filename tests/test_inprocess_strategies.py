@@ -133,14 +133,21 @@ def test_awar_without_stragglers_trains_exactly_as_ring():
             assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_dpar_excludes_a_slow_rank_at_the_first_boundary_it_shows_and_every_rank_decides_alike():
-    slow = lambda r, s: 0.12 if (r == 3 and s >= 5) else 0.02  # noqa: E731  (20 ms a step: thread noise stays small)
-    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5), steps=30, delay=slow)
+# rank 3 slow from step 5: with window ends only (react_steps=0) the first boundary to see it is after
+# step 9; with react_steps=3 its third slow step (7) calls one
+@pytest.mark.parametrize("react_steps, decided_at", [(0, 9), (3, 7)])
+def test_dpar_excludes_a_slow_rank_at_the_first_boundary_it_shows_and_every_rank_decides_alike(react_steps, decided_at):
+    # 300 ms against 20: even a load spike on two of the others cannot make rank 3 look normal for a step
+    slow = lambda r, s: 0.3 if (r == 3 and s >= 5) else 0.02  # noqa: E731
+    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5, react_steps=react_steps), steps=30,
+                         delay=slow)
     assert [o["step"] for o in out] == [30] * 4
     events = out[0]["events"]
     assert all(o["events"] == events for o in out)  # decided from the same gathered numbers
     first = events[0]
-    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("transition", 3, 9, "slow")
+    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("transition", 3, decided_at, "slow")
+    early = [e["step"] for e in events if e["kind"] == "early_boundary"]
+    assert early == ([decided_at] if react_steps else [])  # and none while rank 3 is out
     assert 3 not in out[0]["group"]
     group = out[0]["group"]
     for r in group:
@@ -148,18 +155,22 @@ def test_dpar_excludes_a_slow_rank_at_the_first_boundary_it_shows_and_every_rank
             assert torch.equal(a, b)
 
 
-def test_awar_classifies_a_slow_rank_and_merges_every_period_with_update_weights():
-    slow = lambda r, s: 0.12 if (r == 3 and s >= 5) else 0.02  # noqa: E731  (20 ms a step: thread noise stays small)
-    out = fit_in_process(4, lambda comm: AwarStrategy(comm=comm, period_steps=5), steps=30, delay=slow)
+@pytest.mark.parametrize("react_steps, classified_at, first_merge", [(0, 9, 14), (3, 7, 9)])
+def test_awar_classifies_a_slow_rank_and_merges_every_period_with_update_weights(react_steps, classified_at,
+                                                                                 first_merge):
+    slow = lambda r, s: 0.3 if (r == 3 and s >= 5) else 0.02  # noqa: E731  (as in the dpar test above)
+    out = fit_in_process(4, lambda comm: AwarStrategy(comm=comm, period_steps=5, react_steps=react_steps), steps=30,
+                         delay=slow)
     assert [o["step"] for o in out] == [30] * 4
     events = out[0]["events"]
     assert all(o["events"] == events for o in out)
     first = events[0]
-    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("classification", 3, 9, "straggler")
+    assert (first["kind"], first["rank"], first["step"], first["to_state"]) == ("classification", 3, classified_at,
+                                                                                 "straggler")
     merges = [e for e in events if e["kind"] == "average"]
     # merges come at period ends while someone is a straggler (whether rank 3 still counts as one at a
     # later period end depends on timing: not asserted); the end's consensus is asserted below
-    assert merges and merges[0]["step"] == 14
+    assert merges and merges[0]["step"] == first_merge
     assert all((e["step"] + 1) % 5 == 0 for e in merges)
     for e in merges:  # weights are the updates each rank contributed since the last merge
         assert sum(e["weights"]) == pytest.approx(1.0)
@@ -185,15 +196,16 @@ def _random_delays(seed: int, world: int, steps: int) -> Callable[[int, int], fl
 @pytest.mark.parametrize("algorithm", ["dpar", "awar"])
 @pytest.mark.parametrize("world, seed", [(4, s) for s in range(8)] + [(8, s) for s in range(3)])
 def test_randomised_straggler_schedules_finish_with_every_rank_deciding_alike(algorithm, world, seed):
-    """Through random schedules (exclusions, re-admissions, classifications, merges; validation every 7
-    steps, a boundary off the window grid): every
+    """Through random schedules (exclusions, re-admissions, classifications, merges, early boundaries;
+    validation every 7 steps, a boundary off the window grid): every
     rank finishes every step, no collective is left unmatched (the fake world detects it exactly), every
     rank logs the same decisions, and the ranks of the final group hold the same model."""
     steps = 36
+    react = (0, 1, 2, 3)[seed % 4]  # early boundaries off, and on at every reaction length up to the default
     if algorithm == "dpar":
-        make = lambda comm: DparStrategy(comm=comm, window_steps=4, readmit_windows=1)  # noqa: E731
+        make = lambda comm: DparStrategy(comm=comm, window_steps=4, readmit_windows=1, react_steps=react)  # noqa: E731
     else:
-        make = lambda comm: AwarStrategy(comm=comm, period_steps=4)  # noqa: E731
+        make = lambda comm: AwarStrategy(comm=comm, period_steps=4, react_steps=react)  # noqa: E731
     out = fit_in_process(world, make, steps=steps, delay=_random_delays(seed, world, steps), val_every=7)
     assert [o["step"] for o in out] == [steps] * world
     assert all(o["events"] == out[0]["events"] for o in out)

@@ -73,6 +73,9 @@ class ConstructedTimesMixin:
         super().setup_environment()
         self.recorder = ConstructedTimes(self.global_rank, self.time_schedule, 1.0)
 
+    def current_step_compute_s(self):  # what the early boundary sees: the record's constructed time
+        return self.time_schedule.factor(self.global_rank, self.steps_done) * self._batch_samples / 1000.0
+
 
 class ConstructedDpar(ConstructedTimesMixin, DparStrategy):
     pass
@@ -162,6 +165,9 @@ def test_resume_gives_identical_decisions(name, tmp_path):
     back = "active" if name == "dpar" else "normal"
     out = "slow" if name == "dpar" else "straggler"
     assert moved[0] == (3, out) and (3, back) in moved and (1, out) in moved, moved
+    # rank 3's third slow step (7) called an early boundary (constructed times: in both runs alike)
+    assert [e for e in events if e["kind"] == "early_boundary"][0]["step"] == 7
+    assert moved[0] == (3, out) and [e for e in events if e["kind"] != "early_boundary"][0]["step"] == 7
     assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
     if name == "dpar":
         # a restart with fewer workers (after a dead one): the algorithm's state starts afresh, no failure

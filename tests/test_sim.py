@@ -90,7 +90,8 @@ def test_dpar_strikes_out_a_permanent_heavy_straggler_and_approaches_the_smaller
     result = simulate("dpar", w, INFINIBAND_200G)
     last = {}
     for e in result.events:
-        last[e["rank"]] = e["to_state"]
+        if e["kind"] == "transition":
+            last[e["rank"]] = e["to_state"]
     assert last == {n - 1: "struck_out"}
     reference = simulate("ring", workload(n - 1, steps=400), INFINIBAND_200G).throughput_samples_per_s
     assert result.tail_throughput() == pytest.approx(reference, rel=0.03)
@@ -219,14 +220,29 @@ def _costs(algorithm, w, **params):
 
 def test_dpar_pays_the_state_broadcast_at_every_boundary_while_someone_is_excluded():
     # rank 3 permanently 10x slow: excluded at the first boundary and never back; 6 boundaries in all
+    # (window ends only: react_steps=0)
     w = workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}, state_tensors=6)
-    res = simulate("dpar", w, CONTROLLED, window_steps=20)
+    res = simulate("dpar", w, CONTROLLED, window_steps=20, react_steps=0)
     assert any(e["kind"] == "transition" and e["step"] == 19 for e in res.events)
     c = CONTROLLED.control_op_s
     # per boundary: allgather (1 call); from the first on, the state broadcast (6 tensors + 2 for the
     # optimizer object); from the second on, the signal (1 call); 4 ranks: static process sets
     calls = 6 * 1 + 6 * 8 + 5 * 1
-    assert _costs("dpar", w, window_steps=20) == pytest.approx(calls * c, rel=1e-9)
+    assert _costs("dpar", w, window_steps=20, react_steps=0) == pytest.approx(calls * c, rel=1e-9)
+
+
+def test_dpar_early_boundary_excludes_after_react_steps_and_costs_one_more_boundary():
+    w = workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}, state_tensors=6)
+    res = simulate("dpar", w, CONTROLLED, window_steps=20, react_steps=3)
+    # slow from step 0: three slow steps (0, 1, 2) call a boundary after position 2, which excludes it
+    assert [(e["kind"], e["step"]) for e in res.events][:2] == [("transition", 2), ("early_boundary", 2)]
+    assert [e["step"] for e in res.events if e["kind"] == "early_boundary"] == [2]  # none while it is out
+    c = CONTROLLED.control_op_s
+    # boundaries 2, 19, 39, ..., 119: 7 allgathers, 7 state broadcasts (8 calls), 6 signals (someone outside)
+    assert _costs("dpar", w, window_steps=20, react_steps=3) == pytest.approx((7 + 7 * 8 + 6) * c, rel=1e-9)
+    # and the group stops waiting for the straggler 17 steps sooner than with window ends only
+    late = simulate("dpar", w, CONTROLLED, window_steps=20, react_steps=0)
+    assert res.wall_s < late.wall_s - 15 * 9 * w.base_step_s(w.batch_per_worker)
 
 
 @pytest.mark.parametrize("algorithm", ["dpar", "awar"])

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 
 from lightning_straggler.config import AwarConfig
+from lightning_straggler.policies.boundary import EarlyBoundary
 from lightning_straggler.policies.awar import AwarMembership, AwarThresholds, merge_window
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
@@ -40,9 +41,11 @@ class AwarPolicy(GroupPolicy):
     name = "awar"
 
     def __init__(self, world_size: int, period_steps: int = AwarConfig.period_steps, thresholds: AwarThresholds | None = None,
-                 weighting: str = AwarConfig.weighting, join_fixed: bool = True) -> None:
+                 weighting: str = AwarConfig.weighting, join_fixed: bool = True,
+                 react_steps: int = AwarConfig.react_steps) -> None:
         self.window_steps = merge_window(period_steps)
         self.membership = AwarMembership(world_size, thresholds or AwarThresholds(), weighting, join_fixed)
+        self.early = EarlyBoundary(world_size, react_steps, self.membership.thresholds.slow_ratio)
         self.events: list[dict] = []
 
     @property
@@ -75,8 +78,9 @@ def merge_s(network: Network, workload: Workload) -> float:
 
 
 def simulate_awar(workload: Workload, network: Network, period_steps: int = AwarConfig.period_steps,
-                  thresholds: AwarThresholds | None = None, weighting: str = AwarConfig.weighting) -> SimResult:
-    policy = AwarPolicy(workload.world_size, period_steps, thresholds, weighting)
+                  thresholds: AwarThresholds | None = None, weighting: str = AwarConfig.weighting,
+                  react_steps: int = AwarConfig.react_steps) -> SimResult:
+    policy = AwarPolicy(workload.world_size, period_steps, thresholds, weighting, react_steps=react_steps)
     result = simulate_partial_group(workload, network, policy, _median_or_none)
     result.notes = f"final group: {len(policy.group())} of {workload.world_size}"
     return result

@@ -16,6 +16,7 @@ doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank c
 from __future__ import annotations
 
 from lightning_straggler.config import DparConfig
+from lightning_straggler.policies.boundary import EarlyBoundary
 from lightning_straggler.policies.dpar import ACTIVE, DparMembership, DparThresholds, window_median
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.partial_group import (
@@ -34,9 +35,10 @@ class DparPolicy(GroupPolicy):
     name = "dpar"
 
     def __init__(self, world_size: int, window_steps: int = DparConfig.window_steps, thresholds: DparThresholds | None = None,
-                 join_fixed: bool = True) -> None:
+                 join_fixed: bool = True, react_steps: int = DparConfig.react_steps) -> None:
         self.window_steps = window_steps
         self.membership = DparMembership(world_size, thresholds or DparThresholds(), join_fixed)
+        self.early = EarlyBoundary(world_size, react_steps, self.membership.thresholds.slow_ratio)
         self.events: list[dict] = []
 
     @property
@@ -67,8 +69,8 @@ def state_broadcast_s(network: Network, workload: Workload) -> float:
 
 
 def simulate_dpar(workload: Workload, network: Network, window_steps: int = DparConfig.window_steps,
-                  thresholds: DparThresholds | None = None) -> SimResult:
-    policy = DparPolicy(workload.world_size, window_steps, thresholds)
+                  thresholds: DparThresholds | None = None, react_steps: int = DparConfig.react_steps) -> SimResult:
+    policy = DparPolicy(workload.world_size, window_steps, thresholds, react_steps=react_steps)
     result = simulate_partial_group(workload, network, policy, window_median)
     result.notes = f"final states: {sum(s == ACTIVE for s in policy.membership.states)} active of {workload.world_size}"
     return result

@@ -9,6 +9,9 @@ boundary; one that does not compute (DPAR's struck-out) waits.
 
 Boundaries come after position p when (p + 1) is a multiple of ``window_steps`` and at the
 workload's sync points (epoch ends, validations, the last step): policies/boundary.is_boundary, the rule the strategy uses.
+While everyone is in the group, the policy's ``early`` (policies/boundary.EarlyBoundary, the strategy's
+object) sees every step's compute times (in the strategy they ride on the gradient all-reduce: no
+cost modelled) and may call a boundary sooner; the members then report their medians over its slow run.
 At a boundary (every collective call here is a control call, ``Network.control_s``: its alpha-beta
 cost plus the fixed ``control_op_s``):
 
@@ -34,7 +37,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from lightning_straggler.policies.boundary import is_boundary
+from lightning_straggler.policies.boundary import EarlyBoundary, is_boundary
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
 from lightning_straggler.sim.workload import Workload
@@ -50,6 +53,7 @@ class GroupPolicy:
 
     name = "partial"
     window_steps = 20
+    early: Optional[EarlyBoundary] = None  # the strategy's early-boundary rule, when on
 
     def group(self) -> tuple[int, ...]:
         raise NotImplementedError
@@ -91,11 +95,15 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
     step_samples: list[float] = []
     start = 0
     while start < steps:
-        end = start
-        while not is_boundary(end, policy.window_steps, last_of_epoch=workload.last_of_epoch(end),
-                              total_steps=workload.steps, validation_follows=workload.validation_follows(end)):
-            end += 1
         group = policy.group()
+        watching = policy.early is not None and policy.early.enabled and len(group) == n
+        end, early = start, False
+        while True:
+            early = watching and policy.early.observe(workload.compute_s(np.arange(n), end).tolist())
+            if early or is_boundary(end, policy.window_steps, last_of_epoch=workload.last_of_epoch(end),
+                                    total_steps=workload.steps, validation_follows=workload.validation_follows(end)):
+                break
+            end += 1
         in_group = set(group)
         members = np.asarray(group, dtype=np.int64)
         positions = np.arange(start, end + 1)
@@ -109,7 +117,7 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         medians: list[float | None] = [None] * n
         steps_in_window = np.zeros(n, dtype=np.int64)
         for k, r in enumerate(group):
-            medians[r] = window_median(compute[k])
+            medians[r] = policy.early.recent_medians()[r] if early else window_median(compute[k])
             steps_in_window[r] = len(positions)
         samples += float(len(group) * b * len(positions))
         step_samples.extend([float(len(group) * b)] * len(positions))
@@ -137,6 +145,10 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
                            for r in range(n)]
         t = arrive + boundary_exchange_s(network, workload, len(group) < n)
         policy.on_boundary(rows, group, end)
+        if early:
+            policy.events.append({"kind": "early_boundary", "step": end, "group": list(policy.group())})
+        if policy.early is not None:
+            policy.early.reset()
         new_group = policy.group()
         t += policy.merge_cost_s(group, new_group, network, workload)
         for r in set(new_group) - in_group:

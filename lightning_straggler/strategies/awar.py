@@ -39,6 +39,8 @@ class AwarStrategy(PartialGroupStrategy):
     Args:
         period_steps: also merge and re-classify every N optimizer steps (0 = only at epoch ends, before
             validation and at the end of training). Default 20.
+        react_steps: while nobody is outside the group, re-classify at once when a worker has been
+            ``slow_ratio`` x the median for this many steps in a row (>= 0, 0 = off; default 3).
         slow_ratio: a worker is a straggler when its median compute per step is at least this x the
             group's, > 1 (default 1.5).
         recover_ratio: a straggler rejoins the group when back under this x the group's, in
@@ -53,14 +55,15 @@ class AwarStrategy(PartialGroupStrategy):
     strategy_name = "awar"
 
     # defaults: the config schema's (one source for Trainer(strategy=AwarStrategy()), Hydra and the simulator)
-    def __init__(self, period_steps: int = AwarConfig.period_steps, slow_ratio: float = AwarConfig.slow_ratio,
+    def __init__(self, period_steps: int = AwarConfig.period_steps, react_steps: int = AwarConfig.react_steps,
+                 slow_ratio: float = AwarConfig.slow_ratio,
                  recover_ratio: float = AwarConfig.recover_ratio, min_group: int = AwarConfig.min_group,
                  weighting: str = AwarConfig.weighting, **kwargs: Any) -> None:
         if not isinstance(period_steps, int) or isinstance(period_steps, bool) or period_steps < 0:
             raise ValueError(f"period_steps must be an integer >= 0 (0 = only at epoch ends) (got {period_steps!r})")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)} (got {weighting!r})")
-        super().__init__(window_steps=merge_window(period_steps), **kwargs)
+        super().__init__(window_steps=merge_window(period_steps), react_steps=react_steps, **kwargs)
         self.period_steps, self.weighting = period_steps, weighting
         self.thresholds = AwarThresholds(slow_ratio=slow_ratio, recover_ratio=recover_ratio, min_group=min_group)
         self.membership: Optional[AwarMembership] = None  # made at set-up, when the world size is known
@@ -70,6 +73,11 @@ class AwarStrategy(PartialGroupStrategy):
         super().setup(trainer)
         self.membership = AwarMembership(self.world_size, self.thresholds, self.weighting, self.comm.join_is_fixed())
         self.note_group_floor(self.membership.configured_floor, self.membership.thresholds.min_group)
+
+    @property
+    @override
+    def slow_ratio(self) -> float:
+        return self.thresholds.slow_ratio
 
     @property
     def states(self) -> List[str]:

@@ -44,6 +44,8 @@ class DparStrategy(PartialGroupStrategy):
 
     Args:
         window_steps: optimizer steps between decision boundaries (>= 1).
+        react_steps: while nobody is excluded, decide at once when a worker has been ``slow_ratio`` x the
+            median for this many steps in a row, instead of at the window's end (>= 0, 0 = off; default 3).
         slow_ratio: exclusion threshold, > 1 (default 1.5).
         strikeout_ratio: struck out for good when at least this slow (>= ``slow_ratio``) ...
         strikeout_windows: ... for this many consecutive windows.
@@ -60,12 +62,12 @@ class DparStrategy(PartialGroupStrategy):
     strategy_name = "dpar"
 
     # defaults: the config schema's (one source for Trainer(strategy=DparStrategy()), Hydra and the simulator)
-    def __init__(self, window_steps: int = D.window_steps, slow_ratio: float = D.slow_ratio,
+    def __init__(self, window_steps: int = D.window_steps, react_steps: int = D.react_steps, slow_ratio: float = D.slow_ratio,
                  strikeout_ratio: float = D.strikeout_ratio, strikeout_windows: int = D.strikeout_windows,
                  readmit_ratio: float = D.readmit_ratio, readmit_windows: int = D.readmit_windows,
                  min_active: int = D.min_active, data_penalty: float = D.data_penalty, scale_lr: bool = D.scale_lr,
                  reshard: bool = D.reshard, **kwargs: Any) -> None:
-        super().__init__(window_steps=window_steps, **kwargs)
+        super().__init__(window_steps=window_steps, react_steps=react_steps, **kwargs)
         self.scale_lr, self.reshard = scale_lr, reshard
         self.thresholds = DparThresholds(slow_ratio=slow_ratio, strikeout_ratio=strikeout_ratio,
                                          strikeout_windows=strikeout_windows, readmit_ratio=readmit_ratio,
@@ -77,6 +79,11 @@ class DparStrategy(PartialGroupStrategy):
     @property
     def states(self) -> List[str]:
         return self.membership.states if self.membership else [ACTIVE] * self.world_size
+
+    @property
+    @override
+    def slow_ratio(self) -> float:
+        return self.thresholds.slow_ratio
 
     @override
     def group(self) -> Tuple[int, ...]:

@@ -24,6 +24,12 @@ step of training. At a boundary every rank:
      position again: epoch ends, validation, checkpoints and the end of training line up on every
      rank. Only then does a rank still outside join again (at its first batch after p): from there
      to the next boundary it runs no collective of its own.
+While nobody is outside the group a boundary can also come early (``react_steps`` > 0,
+``policies/boundary.EarlyBoundary``): every rank adds its compute time of the step to the step's
+gradient all-reduce (one slot per rank, no extra collective), so every rank sees every rank's time
+after each step and holds a boundary when one rank has been ``slow_ratio`` x the median for
+``react_steps`` steps in a row. There every rank reports its median over those steps, and the
+algorithm decides as at any boundary: a new straggler costs the group a few steps, not a window.
 Lightning's collectives called between boundaries (``self.log(..., sync_dist=True)``, ``reduce``,
 ``all_gather`` in ``training_step``) reduce over the group on its members and stay local on the
 ranks outside it; at boundaries (validation, epoch ends) they are over every rank.
@@ -43,7 +49,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_straggler.policies.boundary import is_boundary
+from lightning_straggler.policies.boundary import DEFAULT_REACT_STEPS, EarlyBoundary, is_boundary
 from lightning_straggler.policies.group_floor import max_outside
 from lightning_straggler.profiling import StepRecord
 from lightning_straggler.profiling import batch_size_of
@@ -62,11 +68,15 @@ class PartialGroupStrategy(HorovodStrategy):
     # ranks are not in step between boundaries: metrics computed while training stay local
     lockstep_training = False
 
-    def __init__(self, window_steps: int = 20, **kwargs: Any) -> None:
+    def __init__(self, window_steps: int = 20, react_steps: int = DEFAULT_REACT_STEPS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(window_steps, int) or window_steps < 1:
             raise ValueError(f"window_steps must be an integer >= 1 (got {window_steps!r})")
-        self.window_steps = window_steps
+        if not isinstance(react_steps, int) or isinstance(react_steps, bool) or react_steps < 0:
+            raise ValueError(f"react_steps must be an integer >= 0 (0 = decide only at window ends) (got {react_steps!r})")
+        self.window_steps, self.react_steps = window_steps, react_steps
+        self.early: Optional[EarlyBoundary] = None  # made at set-up (needs the world size)
+        self._early_due = False  # the last step's times call for a boundary now
         self.position = 0  # batches started since fit began; the current batch is position - 1
         # (seconds this rank spent in each boundary's join + exchange, whether a rank was outside)
         self.boundary_waits: List[Tuple[float, bool]] = []
@@ -95,6 +105,16 @@ class PartialGroupStrategy(HorovodStrategy):
     def computes_outside_group(self, rank: int) -> bool:
         """Whether a rank outside the group still computes (DPAR's struck-out ranks do not)."""
         return True
+
+    @property
+    @abstractmethod
+    def slow_ratio(self) -> float:
+        """The algorithm's detection ratio, also the early boundary's."""
+
+    @override
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        self.early = EarlyBoundary(self.world_size, self.react_steps, self.slow_ratio)
 
     @abstractmethod
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
@@ -143,10 +163,18 @@ class PartialGroupStrategy(HorovodStrategy):
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
-        if self.in_group:
-            self.comm.allreduce_among_(self.gradients_of(optimizer), self.group(), op="mean", tag="grads")
-        else:
+        if not self.in_group:
             self._local_steps += 1
+            return
+        grads = self.gradients_of(optimizer)
+        if not (self.early is not None and self.early.enabled and len(self.group()) == self.world_size):
+            self.comm.allreduce_among_(grads, self.group(), op="mean", tag="grads")
+            return
+        # every rank's compute time rides along with the gradients: one slot each, summed
+        times = grads[0].new_zeros(self.world_size)
+        times[self.global_rank] = self.current_step_compute_s() * self.world_size  # "mean" divides
+        self.comm.allreduce_among_(grads + [times], self.group(), op="mean", tag="grads")
+        self._early_due = self.early.observe(times.tolist())
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -154,8 +182,12 @@ class PartialGroupStrategy(HorovodStrategy):
             self._steps += 1
             self._samples += self._batch_samples
         here = self.position - 1
-        if here > self._synced_through and self._is_boundary(here):
+        if here > self._synced_through and (self._early_due or self._is_boundary(here)):
             self._boundary()
+
+    def current_step_compute_s(self) -> float:
+        """This rank's compute time of the step in flight, as its step record will hold it."""
+        return self.recorder.compute_of_current_step()
 
     def _is_boundary(self, position: int) -> bool:
         """Lightning's facts about ``position``, judged by the one boundary rule (policies/boundary.py)."""
@@ -183,6 +215,9 @@ class PartialGroupStrategy(HorovodStrategy):
 
         window = self.recorder.records[self._window_start:]
         median = statistics.median([r.compute_s for r in window]) if window else math.nan
+        early = self._early_due
+        if early:  # decided on the slow run that called it, as every rank saw it
+            median = self.early.recent_medians()[self.global_rank]
         mine = [float(self.global_rank), float(self.position - 1), median, float(self._samples), float(self._steps),
                 float(self._local_steps)]
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
@@ -199,6 +234,12 @@ class PartialGroupStrategy(HorovodStrategy):
         self._window_start = len(self.recorder.records)
         self._steps = self._samples = 0
         self._just_synced = True
+        if early:
+            self.record_event("early_boundary", step=position, react_steps=self.react_steps, group=list(self.group()),
+                              note=f"a rank was >= {self.slow_ratio} x the median for {self.react_steps} steps in a row")
+        self._early_due = False
+        if self.early is not None:
+            self.early.reset()
 
     @override
     def on_train_end(self) -> None:
@@ -253,6 +294,7 @@ class PartialGroupStrategy(HorovodStrategy):
             "position": self.position, "synced_through": self._synced_through, "steps": self._steps,
             "samples": self._samples, "local_steps": self._local_steps,
             "window": [r.as_row() for r in self.recorder.records[self._window_start:]],  # the open window
+            "early": self.early.to_dict() if self.early is not None else None,
         }
         return state
 
@@ -263,5 +305,7 @@ class PartialGroupStrategy(HorovodStrategy):
         self.position, self._synced_through = int(saved["position"]), int(saved["synced_through"])
         self._steps, self._samples, self._local_steps = int(saved["steps"]), int(saved["samples"]), int(saved["local_steps"])
         self.recorder.records = [StepRecord.from_row(r) for r in saved["window"]]
+        if saved.get("early") is not None and self.early is not None:
+            self.early.restore(saved["early"])
         self.recorder.take_unsent()  # measured before the checkpoint: the profiler does not report them again
         self._window_start = 0
