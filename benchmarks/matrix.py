@@ -22,6 +22,9 @@ depend on the run get a few extra overrides (recorded per run in summary.json ``
   random2       two random 4x stragglers, seeded: two distinct ranks from numpy default_rng(seed), each
                 slow for S//3 of its own steps from a drawn start (random2_events);
   permanent10x  the file as it is: rank 3 10x slow for the whole run;
+  mixtransient  mix3's speeds for the whole run and rank 0 (a fast worker) 10x slow for the middle third
+                (mixtransient_events);
+  random36      the file as it is (random slowdowns, 3-6x for 20-60 steps, probability 0.1 per window);
   any other     the file as it is; a ``scenario: random`` file also gets ``straggler.seed=<seed>``.
 
 Raw output per run: ``<out>/runs/<algorithm>_<scenario>_N<world>_seed<s>/summary.json`` (+ train.log,
@@ -115,7 +118,7 @@ from lightning_straggler.ideal import ideal_throughput
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "matrix")
-ALGORITHMS = ("ring", "ddp", "ddplocal", "dpar", "awar", "dssync", "boa")  # every one --algorithms accepts, in table order
+ALGORITHMS = ("ring", "ddp", "ddplocal", "dpar", "awar", "dssync", "boa", "adaptive")  # every one --algorithms accepts, in table order
 # a row that is an algorithm file plus settings: ddplocal = Lightning's DDP with post-local SGD, the straggler option
 # Lightning offers (its documented example: parameters averaged every 4 steps after 8 steps of plain DDP)
 ALGORITHM_VARIANTS = {"ddplocal": ["algorithm=ddp", "algorithm.model_averaging_period=4", "algorithm.warmup_steps=8"]}
@@ -256,9 +259,21 @@ def random2_events(seed: int, world: int, steps: int, factor: float = 4.0) -> li
     return events
 
 
+def mixtransient_events(world: int, steps: int) -> list[dict[str, Any]]:
+    """mixtransient: mix3's speeds for the whole run (permanent events) and rank 0, a fast worker, 10x slow
+    for the middle third (steps S//3 .. 2S//3 - 1)."""
+    events: list[dict[str, Any]] = [{"rank": r, "factor": f, "start_step": 0, "end_step": None}
+                                    for r, f in enumerate(speed_mix(world)) if f != 1.0]
+    events.append({"rank": 0, "factor": 10.0, "start_step": steps // 3, "end_step": max(steps // 3 + 1, (2 * steps) // 3)})
+    return events
+
+
 def _events_override(events: Sequence[dict[str, Any]]) -> str:
     """The Hydra override for a list of transient slowdown events."""
-    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{e['end_step']}}}"
+    def end(e):
+        return "null" if e["end_step"] is None else e["end_step"]
+
+    body = ",".join(f"{{rank:{e['rank']},factor:{e['factor']},start_step:{e['start_step']},end_step:{end(e)}}}"
                     for e in events)
     return f"straggler.events=[{body}]"
 
@@ -273,6 +288,8 @@ def scenario_overrides(scenario: str, kind: str, world: int, steps: int, seed: i
                                    "end_step": max(steps // 3 + 1, (2 * steps) // 3)}])], False
     if scenario == "random2":
         return [_events_override(random2_events(seed, world, steps))], True
+    if scenario == "mixtransient":
+        return [_events_override(mixtransient_events(world, steps))], False
     if kind == "random":
         return ["straggler.seed=${seed}"], False  # interpolated: the same override for every seed
     return [], False

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["AwarStrategy", "BoaStrategy", "DparStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy",
+__all__ = ["AdaptiveStrategy", "AwarStrategy", "BoaStrategy", "DparStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy",
            "STRATEGIES", "register_strategies", "__version__"]
 
 _LAZY = frozenset(__all__) - {"register_strategies", "__version__"}

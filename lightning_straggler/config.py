@@ -16,6 +16,9 @@ from omegaconf.errors import OmegaConfBaseException
 from lightning_straggler.policies.awar import AwarThresholds as _AWAR  # pure policies: no torch, no Lightning
 from lightning_straggler.policies.dpar import DparThresholds as _DPAR
 from lightning_straggler.policies.boundary import DEFAULT_REACT_STEPS
+from lightning_straggler.policies.adaptive import DEFAULT_HISTORY_STEPS as _ADAPTIVE_HISTORY_STEPS
+from lightning_straggler.policies.adaptive import DEFAULT_REACT_RATIO as _ADAPTIVE_REACT_RATIO
+from lightning_straggler.policies.adaptive import DEFAULT_REACT_STEPS as _ADAPTIVE_REACT_STEPS
 
 
 class ConfigError(ValueError):
@@ -112,6 +115,34 @@ class BoaConfig:
                    f"null or {world_size} sizes >= 0 summing to global_batch ({self.global_batch})", sizes)
 
 
+@dataclass
+class AdaptiveConfig:
+    name: str = "adaptive"
+    # what adaptive adds (policies/adaptive.py; defaults there)
+    react_steps: int = _ADAPTIVE_REACT_STEPS  # re-plan after a worker's speed changed for this many steps in a row
+    react_ratio: float = _ADAPTIVE_REACT_RATIO  # ... by this factor (slower or faster than its own recent speed)
+    history_steps: int = _ADAPTIVE_HISTORY_STEPS  # per-step points per worker the time models are fitted on
+    # BOA's settings (as BoaConfig; worker-set tuning on: a collapsed worker gets no samples)
+    global_batch: int = 0
+    min_local_batch: int = 1
+    max_local_batch: int = 0
+    window_steps: int = 10  # also re-plan every N steps (0 = only on speed changes)
+    rebalance_gain: float = 0.05
+    tune_workers: bool = True
+    initial_batch_sizes: Optional[List[int]] = None
+    seed: int = 0
+
+    def validate(self, world_size: int) -> None:
+        from lightning_straggler.policies.adaptive import check_settings
+
+        try:
+            check_settings(self.react_steps, self.react_ratio, self.history_steps)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.{e}") from None
+        boa = {f.name: getattr(self, f.name) for f in fields(BoaConfig) if f.name != "name" and hasattr(self, f.name)}
+        BoaConfig(**boa).validate(world_size)
+
+
 def _check_react_steps(value) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "algorithm.react_steps",
            "an integer >= 0 (0 = decide only at window ends)", value)
@@ -187,7 +218,8 @@ class DDPConfig:
 
 # name -> schema; later algorithms add their entry here and a strategy in strategies/ (ddp: ddp_baseline.py).
 ALGORITHM_SCHEMAS: Dict[str, Type] = {"ring": RingConfig, "dssync": DSSyncConfig, "boa": BoaConfig,
-                                      "dpar": DparConfig, "awar": AwarConfig, "ddp": DDPConfig}
+                                      "dpar": DparConfig, "awar": AwarConfig, "adaptive": AdaptiveConfig,
+                                      "ddp": DDPConfig}
 
 
 # --- straggler scenarios ----------------------------------------------------------------------

@@ -21,6 +21,8 @@ STRATEGY_TABLE: Dict[str, Tuple[str, str, str]] = {
              "Dynamic Partial All-Reduce: slow workers leave the all-reduce until they recover"),
     "dssync": ("lightning_straggler.strategies.dssync", "DSSyncStrategy",
                "Divide-and-Shuffle: small groups average, membership reshuffled each step"),
+    "adaptive": ("lightning_straggler.strategies.adaptive", "AdaptiveStrategy",
+                 "BOA's per-worker batch sizes, re-planned within a few steps of any worker's speed change"),
 }
 
 

@@ -107,3 +107,28 @@ def test_committed_reports_equal_a_fresh_aggregation_of_their_runs(module, key, 
         fresh = module.main(["--aggregate-only", str(copy)])
         assert json.loads(json.dumps(fresh[key])) == committed[key], path
         assert (copy / "report.md").read_text() == open(os.path.join(os.path.dirname(path), "report.md")).read()
+
+
+def test_time_to_a_second_target_rescored_at_the_grids_own_target_reproduces_its_intervals(tmp_path):
+    """benchmarks.time_to_target re-scores a committed grid from runs.jsonl: at the grid's own target it must
+    give the grid's own time-to-target intervals (same pairs, same statistics), and it writes its files."""
+    from benchmarks import time_to_target
+
+    grid = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "matrix", "20261203-N4-transient4x")
+    shutil.copy(os.path.join(grid, "runs.jsonl"), tmp_path / "runs.jsonl")
+    with open(os.path.join(grid, "summary.json")) as f:
+        committed = json.load(f)
+    result = time_to_target.main([str(tmp_path), "--target", str(committed["settings"]["target_acc"])])
+    got = {(c["world_size"], c["scenario"], c["algorithm"]): c["ttt_ratio_to_ring"] for c in result["cells"]}
+    checked = 0
+    for cell in committed["cells"]:
+        want = cell["intervals"]["ttt_ratio_to_ring"]
+        have = got[(cell["world_size"], cell["scenario"], cell["algorithm"])]
+        if cell["algorithm"] == "ring":
+            assert have is None
+            continue
+        assert (have["median"], have["lo"], have["hi"]) == pytest.approx((want["median"], want["lo"], want["hi"]))
+        assert have["label"] == want["label"]
+        checked += 1
+    assert checked == 5
+    assert (tmp_path / f"ttt_{committed['settings']['target_acc']:g}.md").exists()

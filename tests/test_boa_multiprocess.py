@@ -82,3 +82,19 @@ def test_cli_boa_summary(tmp_path, cli):
     assert summary["algorithm"] == "boa"
     assert summary["events"][0]["kind"] == "allocation"
     assert summary["train_samples"] == 20 * 128
+
+
+def test_adaptive_at_4_real_ranks_replans_after_a_collapse_and_ends_on_one_model():
+    """adaptive over real Horovod workers (the compute times ride on Horovod's gradient all-reduce): rank 1
+    collapses 10x at step 6 (emulated 5 ms per sample); within react_steps=2 steps every rank re-plans with
+    rank 1 changed and fewer samples for it; the run finishes with one model everywhere."""
+    from lightning_straggler import AdaptiveStrategy
+    from lightning_straggler.policies.injection import SlowdownEvent, TransientSchedule
+
+    injector = StragglerInjector(TransientSchedule([SlowdownEvent(1, 10.0, 6, None)]), device_ms_per_sample=5.0)
+    strategy = AdaptiveStrategy(window_steps=0, react_steps=2, react_ratio=3.0)
+    trainer = fit(make_model(), strategy, 4, 8, 16, callbacks=[injector, RankSpread()])
+    replans = [e for e in strategy.run_report["events"] if e["kind"] == "rebalance"]
+    assert replans and replans[0]["changed_ranks"] == [1] and replans[0]["step"] == 7, replans
+    assert replans[0]["batch_sizes"][1] < 8 and sum(replans[0]["batch_sizes"]) == 32
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6

@@ -104,7 +104,7 @@ def _constructor_defaults(cls):
             if p.default is not inspect.Parameter.empty}
 
 
-@pytest.mark.parametrize("name", ["dpar", "awar", "boa", "dssync"])
+@pytest.mark.parametrize("name", ["dpar", "awar", "boa", "dssync", "adaptive"])
 def test_strategy_constructor_defaults_are_the_config_schema_defaults(name):
     from dataclasses import fields
 
@@ -121,12 +121,14 @@ def test_strategy_constructor_defaults_are_the_config_schema_defaults(name):
 
 
 def test_simulator_defaults_are_the_config_schema_defaults():
-    from lightning_straggler.config import AwarConfig, BoaConfig, DparConfig
+    from lightning_straggler.config import AdaptiveConfig, AwarConfig, BoaConfig, DparConfig
+    from lightning_straggler.sim.adaptive import simulate_adaptive
     from lightning_straggler.sim.awar import simulate_awar
     from lightning_straggler.sim.boa import simulate_boa
     from lightning_straggler.sim.dpar import simulate_dpar
 
-    for fn, schema in ((simulate_awar, AwarConfig), (simulate_dpar, DparConfig), (simulate_boa, BoaConfig)):
+    for fn, schema in ((simulate_awar, AwarConfig), (simulate_dpar, DparConfig), (simulate_boa, BoaConfig),
+                       (simulate_adaptive, AdaptiveConfig)):
         import inspect
 
         for name, p in inspect.signature(fn).parameters.items():

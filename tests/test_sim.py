@@ -266,3 +266,16 @@ def test_dssync_global_average_is_a_control_call():
     globals_done = int(res.notes.split(", ")[-1].split()[0])
     assert globals_done == 4
     assert _costs("dssync", w, global_every_steps=10) == pytest.approx(globals_done * CONTROLLED.control_op_s, rel=1e-9)
+
+
+def test_adaptive_replans_where_the_strategy_does_and_beats_boa_on_a_collapse():
+    # rank 0 10x slow from step 30 (a fast worker collapsing): the detector sees its 2nd slow step (31), the
+    # plan applies from 32, as AdaptiveStrategy's (tests/test_inprocess_strategies.py: 7 -> 8 there)
+    strag = {"scenario": "transient", "events": [{"rank": 0, "factor": 10.0, "start_step": 30, "end_step": 90}]}
+    w = workload(4, strag, steps=120)
+    res = simulate("adaptive", w, INFINIBAND_200G, window_steps=0)
+    first = [e for e in res.events if e["changed_ranks"]][0]
+    assert (first["step"], first["from_step"], first["changed_ranks"]) == (31, 32, [0])
+    assert first["batch_sizes"][0] < w.batch_per_worker
+    boa = simulate("boa", w, INFINIBAND_200G)
+    assert res.throughput_samples_per_s > 1.3 * boa.throughput_samples_per_s

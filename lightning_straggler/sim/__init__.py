@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from lightning_straggler.sim.async_sgd import simulate_async
+from lightning_straggler.sim.adaptive import simulate_adaptive
 from lightning_straggler.sim.awar import simulate_awar
 from lightning_straggler.sim.backup import simulate_backup
 from lightning_straggler.sim.boa import simulate_boa
@@ -45,6 +46,7 @@ SIMULATORS: dict[str, Callable[..., SimResult]] = {
     "boa": simulate_boa,
     "dpar": simulate_dpar,
     "awar": simulate_awar,
+    "adaptive": simulate_adaptive,
     "backup": simulate_backup,
     "async": simulate_async,
 }
@@ -72,6 +74,7 @@ __all__ = [
     "ideal_throughput",
     "schedule_from_config",
     "simulate",
+    "simulate_adaptive",
     "simulate_async",
     "simulate_awar",
     "simulate_backup",

@@ -1,4 +1,5 @@
 """Lightning strategies, one algorithm per module, registered by name on import."""
+from lightning_straggler.strategies.adaptive import AdaptiveStrategy
 from lightning_straggler.strategies.awar import AwarStrategy
 from lightning_straggler.strategies.boa import BoaStrategy
 from lightning_straggler.strategies.dpar import DparStrategy
@@ -13,4 +14,4 @@ STRATEGIES = {name: (globals()[cls], description) for name, (_, cls, description
 
 register_strategies()  # importing any strategy makes every name usable in Trainer(strategy=...)
 
-__all__ = ["AwarStrategy", "BoaStrategy", "DparStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy", "STRATEGIES", "register_strategies"]
+__all__ = ["AdaptiveStrategy", "AwarStrategy", "BoaStrategy", "DparStrategy", "DSSyncStrategy", "HorovodStrategy", "RingStrategy", "STRATEGIES", "register_strategies"]
