@@ -30,7 +30,8 @@ Scenarios, scaled from the benchmark grid (the same dict shapes as ``conf/stragg
 
 Per-step compute has lognormal jitter with a 2% coefficient of variation. Algorithms with their
 ``conf/algorithm`` defaults: ``dssync`` (groups of 2, butterfly), ``boa`` (re-plan every 10 steps),
-``dpar`` (windows of 20), ``awar`` (merge every 20 steps); baselines: synchronous SGD with backup
+``dpar`` (windows of 20, early boundaries after 3 slow steps), ``awar`` (merge every 20 steps, likewise),
+``adaptive`` (BOA re-planned 2 steps after a speed change, and every 10 steps); baselines: synchronous SGD with backup
 workers (b = max(1, N/32), i.e. about 3% as in Chen et al. 2016) and asynchronous SGD (throughput
 only: staleness costs accuracy, which is not modelled).
 
@@ -64,7 +65,7 @@ MODELS = {
 NETWORKS = [ETHERNET_25G, INFINIBAND_200G]
 SIZES = [16, 32, 64, 128, 256, 512, 1024]
 SCENARIOS = ["none", "static-mix", "transient-1pct", "random", "permanent-10x"]
-ALGORITHMS = ["ring", "dssync", "boa", "dpar", "awar", "backup", "async"]
+ALGORITHMS = ["ring", "dssync", "boa", "dpar", "awar", "adaptive", "backup", "async"]
 JITTER_CV = 0.02
 MEASURED_FRACTION = 0.75  # throughput over the last 3/4 of a run: after dpar's/awar's first windows and boa's first plans
 RANDOM_CONF = {"scenario": "random", "seed": 0, "probability": 0.1, "factor_min": 2.0, "factor_max": 4.0,

@@ -70,6 +70,9 @@ class StepRecorder:
     def mark_compute_end(self) -> None:
         self._compute_end = self._clock()
 
+    def samples_of_current_step(self) -> int:
+        return self._samples
+
     def compute_of_current_step(self) -> float:
         """Compute time of the step in flight, up to :meth:`mark_compute_end` (or now)."""
         end = self._compute_end if self._compute_end is not None else self._clock()

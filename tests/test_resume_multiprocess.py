@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_straggler  # noqa: F401  registers the strategies
-from lightning_straggler import AwarStrategy, BoaStrategy, DparStrategy, DSSyncStrategy, RingStrategy
+from lightning_straggler import AdaptiveStrategy, AwarStrategy, BoaStrategy, DparStrategy, DSSyncStrategy, RingStrategy
 from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.data import synthetic_arrays
 from lightning_straggler.models import Classifier
@@ -73,8 +73,8 @@ class ConstructedTimesMixin:
         super().setup_environment()
         self.recorder = ConstructedTimes(self.global_rank, self.time_schedule, 1.0)
 
-    def current_step_compute_s(self):  # what the early boundary sees: the record's constructed time
-        return self.time_schedule.factor(self.global_rank, self.steps_done) * self._batch_samples / 1000.0
+    def current_step_compute_s(self):  # what travels with the gradients: the record's constructed time
+        return self.time_schedule.factor(self.global_rank, self.steps_done) * self.recorder.samples_of_current_step() / 1000.0
 
 
 class ConstructedDpar(ConstructedTimesMixin, DparStrategy):
@@ -86,6 +86,10 @@ class ConstructedAwar(ConstructedTimesMixin, AwarStrategy):
 
 
 class ConstructedBoa(ConstructedTimesMixin, BoaStrategy):
+    pass
+
+
+class ConstructedAdaptive(ConstructedTimesMixin, AdaptiveStrategy):
     pass
 
 
@@ -110,7 +114,7 @@ def straight_and_resumed(make_strategy, k, tmp_path, callbacks=lambda: []):
     return straight, straight_events, resumed, r.run_report["events"], trainer, ckpt
 
 
-@pytest.mark.parametrize("name", ["ring", "dssync", "boa"])
+@pytest.mark.parametrize("name", ["ring", "dssync", "boa", "adaptive"])
 def test_resume_gives_identical_parameters(name, tmp_path):
     if name == "ring":
         def make():
@@ -120,12 +124,20 @@ def test_resume_gives_identical_parameters(name, tmp_path):
         def make():
             return DSSyncStrategy(group_size=2, schedule="random", seed=3, global_every_steps=7)
         k = 15
-    else:
+    elif name == "boa":
         factors = StaticSchedule([1.0, 1.0, 2.0, 4.0])
 
         def make():
             return ConstructedBoa(window_steps=4, rebalance_gain=0.02, time_schedule=factors)
         k = 13  # a re-plan window (steps 12..15) is open at the checkpoint
+    else:
+        # rank 3 turns 4x slow at step 12: one slow step is in the detector's state at the checkpoint
+        # (after step 12), the second (13) makes the change after the resume, as in the straight run
+        collapse = TransientSchedule([SlowdownEvent(3, 4.0, 12, None)])
+
+        def make():
+            return ConstructedAdaptive(window_steps=5, react_steps=2, time_schedule=collapse)
+        k = 13
     straight, straight_events, resumed, events, trainer, _ = straight_and_resumed(make, k, tmp_path)
     assert torch.equal(flat_params(straight), flat_params(resumed)), (flat_params(straight) - flat_params(resumed)).abs().max()
     assert (flat_params(straight) - flat_params(make_model())).abs().max() > 1e-3  # it trained
@@ -133,6 +145,9 @@ def test_resume_gives_identical_parameters(name, tmp_path):
     assert events == straight_events
     if name == "boa":
         assert [e for e in events if e["kind"] == "rebalance"], events  # allocations changed and were carried over
+    if name == "adaptive":
+        changes = [(e["step"], e["changed_ranks"]) for e in events if e["kind"] == "rebalance" and e["changed_ranks"]]
+        assert changes[0] == (13, [3]), events
 
 
 SCHEDULE = TransientSchedule([SlowdownEvent(3, 3.0, 5, 20), SlowdownEvent(1, 3.0, 25, 35)])

@@ -78,7 +78,7 @@ class AdaptiveStrategy(BoaStrategy):
         for g in grads:
             g.mul_(weight)
         times = grads[0].new_zeros(self.world_size)
-        times[self.global_rank] = self.recorder.compute_of_current_step()
+        times[self.global_rank] = self.current_step_compute_s()
         self.comm.allreduce_grouped_(grads + [times], op="sum", tag="grads")  # the times ride along: summed slots
         computed = [max(b, 1) for b in self.schedule.at(self.steps_done)]  # a left-out worker: one placeholder
         self._changed = self.detector.observe(computed, times.tolist())

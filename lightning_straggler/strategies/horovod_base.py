@@ -304,6 +304,11 @@ class HorovodStrategy(ParallelStrategy):
         self.steps_done += 1
         return output
 
+    def current_step_compute_s(self) -> float:
+        """This rank's compute time of the step in flight, as its step record will hold it (what dpar, awar
+        and adaptive send with the gradients)."""
+        return self.recorder.compute_of_current_step()
+
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         """Exchange gradients before the optimizer update (inside the closure, before clipping)."""
 

@@ -185,10 +185,6 @@ class PartialGroupStrategy(HorovodStrategy):
         if here > self._synced_through and (self._early_due or self._is_boundary(here)):
             self._boundary()
 
-    def current_step_compute_s(self) -> float:
-        """This rank's compute time of the step in flight, as its step record will hold it."""
-        return self.recorder.compute_of_current_step()
-
     def _is_boundary(self, position: int) -> bool:
         """Lightning's facts about ``position``, judged by the one boundary rule (policies/boundary.py)."""
         trainer = self.lightning_module.trainer
