@@ -28,7 +28,6 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_straggler.config import AdaptiveConfig as A
-from lightning_straggler.policies import boa as boa_policy
 from lightning_straggler.policies.adaptive import SpeedChangeDetector, check_settings
 from lightning_straggler.strategies.boa import BoaStrategy
 
@@ -72,11 +71,7 @@ class AdaptiveStrategy(BoaStrategy):
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
-        assert self.schedule is not None, "adaptive needs its training data loader (process_dataloader was not called)"
-        grads = self.gradients_of(optimizer)
-        weight = self.schedule.weight(self.global_rank, self.steps_done)
-        for g in grads:
-            g.mul_(weight)
+        grads = self.weighted_gradients(optimizer)
         times = grads[0].new_zeros(self.world_size)
         times[self.global_rank] = self.current_step_compute_s()
         self.comm.allreduce_grouped_(grads + [times], op="sum", tag="grads")  # the times ride along: summed slots
@@ -96,7 +91,7 @@ class AdaptiveStrategy(BoaStrategy):
         decision = None
         if self.global_rank == 0:
             from_step = self.sampler.next_step  # the first step no loader has drawn (every rank in lock-step)
-            decision = self._plan_from(self.detector.points(), from_step)
+            decision = self.plan_from(self.detector.points(), from_step)
             if decision is not None:
                 decision["changed_ranks"] = changed
         decision = self.comm.broadcast_object(decision, root=0, tag="boa_plan")
@@ -107,15 +102,6 @@ class AdaptiveStrategy(BoaStrategy):
                                f"past the plan's first step {decision['from_step']} (ranks out of lock-step)")
         self.schedule.change(decision["from_step"], decision["batch_sizes"])
         self.record_event("rebalance", **decision)
-
-    def _plan_from(self, points: list, from_step: int) -> Optional[dict]:
-        decision = boa_policy.rebalance_decision(
-            points, list(self.schedule.at(from_step)), self.schedule.global_batch, self.min_local_batch,
-            self.max_local_batch, self.tune_workers, self._allreduce_cost_s(), self.rebalance_gain)
-        if decision is None:
-            return None
-        models = [{"intercept_s": m.intercept_s, "per_sample_s": m.per_sample_s} for m in decision.pop("models")]
-        return {"from_step": from_step, **decision, "models": models}
 
     # --- exact resume ---------------------------------------------------------------------------
     @override

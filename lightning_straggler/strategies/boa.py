@@ -141,12 +141,17 @@ class BoaStrategy(HorovodStrategy):
     # --- the step -----------------------------------------------------------------------------
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
-        assert self.schedule is not None, "boa needs its training data loader (process_dataloader was not called)"
+        self.comm.allreduce_grouped_(self.weighted_gradients(optimizer), op="sum", tag="grads")
+
+    def weighted_gradients(self, optimizer: Optimizer) -> List[torch.Tensor]:
+        """This rank's gradients scaled by its share b_i / B of the step's global batch (summed over ranks:
+        the global batch's mean-loss gradient)."""
+        assert self.schedule is not None, f"{self.strategy_name} needs its training data loader (process_dataloader was not called)"
         grads = self.gradients_of(optimizer)
         weight = self.schedule.weight(self.global_rank, self.steps_done)
         for g in grads:
             g.mul_(weight)
-        self.comm.allreduce_grouped_(grads, op="sum", tag="grads")
+        return grads
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -178,6 +183,11 @@ class BoaStrategy(HorovodStrategy):
         for window in self._points:
             for rank, b, t in window:
                 points[int(rank)].append((b, t))
+        return self.plan_from(points, from_step)
+
+    def plan_from(self, points: Sequence[Sequence[tuple]], from_step: int) -> Optional[dict]:
+        """Rank 0: ``policies/boa.rebalance_decision`` on ``points[i]`` = rank i's (batch size, compute seconds)
+        records, as the event and broadcast payload (None: keep the allocation)."""
         decision = boa_policy.rebalance_decision(
             points, list(self.schedule.at(from_step)), self.schedule.global_batch, self.min_local_batch,
             self.max_local_batch, self.tune_workers, self._allreduce_cost_s(), self.rebalance_gain)
