@@ -97,7 +97,10 @@ def test_persistent_straggler_table_matches_the_simulator_and_recommends_the_fas
         assert table[name]["predicted_samples_per_s"] == pytest.approx(res.throughput_samples_per_s, rel=1e-6)
         assert table[name]["efficiency"] == pytest.approx(res.efficiency, rel=1e-6)
     fastest = max(independent, key=lambda k: independent[k].throughput_samples_per_s)
-    assert fastest in ("boa", "dpar")
+    # one of those that stop waiting for a persistent straggler (awar since its early boundaries: it leaves
+    # the group after 3 steps instead of a window)
+    assert fastest in ("boa", "dpar", "awar") and independent[fastest].throughput_samples_per_s > \
+        1.3 * independent["ring"].throughput_samples_per_s
     assert a["recommended"] == fastest and a["override"] == f"algorithm={fastest}"
     text = adv.format_advice(a)
     for name, res in independent.items():  # the printed table carries the simulator's numbers

@@ -161,6 +161,7 @@ def test_the_strategy_decides_with_the_policy_on_its_gathered_records():
     stub = SimpleNamespace(world_size=n, _points=windows, schedule=AllocationSchedule(current),
                            _allreduce_cost_s=lambda: 0.0, min_local_batch=1, max_local_batch=0, tune_workers=False,
                            rebalance_gain=0.05)
+    stub.plan_from = lambda pts, from_step: BoaStrategy.plan_from(stub, pts, from_step)
     theirs = BoaStrategy._decide(stub, 12)
     assert ours is not None and theirs is not None
     assert theirs["from_step"] == 12
