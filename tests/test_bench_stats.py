@@ -132,3 +132,31 @@ def test_time_to_a_second_target_rescored_at_the_grids_own_target_reproduces_its
         checked += 1
     assert checked == 5
     assert (tmp_path / f"ttt_{committed['settings']['target_acc']:g}.md").exists()
+
+
+def test_versus_best_divides_by_the_better_of_the_others_per_seed(tmp_path):
+    """benchmarks.versus_best on a committed grid: each seed's ratio is X over the faster of the others in the
+    same seed (recomputed here from runs.jsonl), the interval is stats.labelled's, and the accuracy column is
+    against the straggler-free ring of the reference grid, seed by seed."""
+    from benchmarks import versus_best
+
+    results = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "matrix")
+    shutil.copy(os.path.join(results, "20261203-N4-mix3", "runs.jsonl"), tmp_path / "runs.jsonl")
+    cells = versus_best.main([str(tmp_path), "--algorithm", "boa", "--against", "dpar", "awar", "--target", "1.1",
+                              "--reference-grid", os.path.join(results, "20261203-ddp-none")])
+    runs = versus_best.read_runs(str(tmp_path))
+    ref = versus_best.read_runs(os.path.join(results, "20261203-ddp-none"))
+    (cell,) = cells
+    want = []
+    for sd in range(5):
+        thr = {a: runs[(a, "mix3", 4, sd)]["throughput_samples_per_s"] for a in ("boa", "dpar", "awar")}
+        want.append(thr["boa"] / max(thr["dpar"], thr["awar"]))
+    assert cell["per_seed_ratio"] == pytest.approx(want)
+    assert cell["ratio"]["median"] == pytest.approx(sorted(want)[2])
+    assert cell["ratio"] == stats.labelled(want)
+    assert cell["target_met"] == (cell["ratio"]["lo"] >= 1.1)
+    acc = [100 * (runs[("boa", "mix3", 4, sd)]["val_acc"] - ref[("ring", "none", 4, sd)]["val_acc"]) for sd in range(5)]
+    assert cell["per_seed_acc_points"] == pytest.approx(acc)
+    assert (tmp_path / "versus_best_boa.md").exists()
+    with pytest.raises(SystemExit):
+        versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa"])  # no such runs: named
