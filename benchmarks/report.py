@@ -16,3 +16,16 @@ def write_report(report: Dict[str, Any], out: str, markdown: Callable[[Dict[str,
         f.write(markdown(report))
     with open(os.path.join(out, "command.txt"), "w") as f:
         f.write(report["command"] + "\n")
+
+
+def write_rescore(stem: str, data: Any, markdown: str) -> None:
+    """A re-scoring of a committed grid (time_to_target, versus_best): ``<stem>.json``, ``<stem>.md``, and the
+    table on stdout."""
+    import json
+    import sys
+
+    with open(stem + ".json", "w") as f:
+        json.dump(data, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown)
+    sys.stdout.write(markdown)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.matrix import RUN_RE, RUNS_JSONL, TARGET_RULE, target_check
+from benchmarks.report import write_rescore
 from benchmarks.stats import fmt_interval, labelled
 from lightning_straggler.summary import time_to_target
 
@@ -88,13 +88,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with open(path) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     result = rescore(runs, a.target)
-    stem = os.path.join(a.grid, f"ttt_{a.target:g}")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    md = to_markdown(result, a.grid.rstrip("/"))
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    sys.stdout.write(md)
+    write_rescore(os.path.join(a.grid, f"ttt_{a.target:g}"), result, to_markdown(result, a.grid.rstrip("/")))
     return result
 
 

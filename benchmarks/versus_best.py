@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.matrix import RUN_RE, RUNS_JSONL
+from benchmarks.report import write_rescore
 from benchmarks.stats import fmt_interval, labelled
 
 
@@ -99,13 +100,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     if not any(k[0] == a.algorithm for k in runs):
         p.error(f"--algorithm {a.algorithm}: no runs of it in {a.grid}")
     cells = compare(runs, a.algorithm, a.against, a.target, reference)
-    stem = os.path.join(a.grid, f"versus_best_{a.algorithm}")
-    with open(stem + ".json", "w") as f:
-        json.dump({"argv": argv, "cells": cells}, f, indent=1)
-    md = to_markdown(cells, a.algorithm, a.against, argv)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    sys.stdout.write(md)
+    write_rescore(os.path.join(a.grid, f"versus_best_{a.algorithm}"), {"argv": argv, "cells": cells},
+                  to_markdown(cells, a.algorithm, a.against, argv))
     return cells
 
 
