@@ -593,3 +593,28 @@ def test_target_check_applies_the_two_thirds_rule_per_world_size():
     chk = m.target_check(per_run)
     assert chk["N4"]["fair"] is True and chk["N4"]["fraction_of_wall"] == pytest.approx([1 / 3, 0.65])
     assert chk["N8"]["fair"] is False and chk["N8"]["fraction_of_wall"][2] is None
+
+
+def test_planning_composes_once_per_override_list_and_each_seed_equals_composing_it_afresh():
+    """composed_for_seed reuses one Hydra composition for runs that differ only in the seed: every copy must be
+    the configuration a fresh composition with that seed gives (interpolated straggler seeds included)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from lightning_straggler.config import load_config
+
+    cache, calls = {}, []
+
+    def counting_compose(**kw):
+        calls.append(kw)
+        return compose(**kw)
+
+    with initialize_config_dir(config_dir=m.CONF, version_base="1.3"):
+        for sc, extra in (("random", ["straggler.seed=${seed}"]), ("mix3", [])):
+            ov = ["algorithm=dpar", f"straggler={sc}", "trainer.devices=4", *extra]
+            for seed in (0, 3, 7):
+                reused = m.composed_for_seed(cache, counting_compose, ov, seed)
+                fresh = compose(config_name="train", overrides=[*ov, f"seed={seed}"])
+                assert OmegaConf.to_yaml(reused) == OmegaConf.to_yaml(fresh)
+                assert load_config(reused) == load_config(fresh)
+    assert len(calls) == 2
