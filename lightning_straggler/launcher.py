@@ -41,6 +41,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import (
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_straggler import watchdog
+from lightning_straggler.worker_start import WORKER_START_METHOD, set_server_preload  # noqa: F401  (re-exported)
 from lightning_straggler.watchdog import BUSY_FACTOR, CollectiveBoard, main_thread_cpu, process_stopped
 
 log = logging.getLogger(__name__)
@@ -162,19 +163,13 @@ def blame(reports: Sequence[Report], size: int) -> "WorkerFailure":
     return WorkerFailure(msg, kind, rank, reason, sorted(dead), reports)
 
 
-# Workers start from Python's fork server, which imports these once per launching process and forks a
-# worker per rank: a spawned worker imports them afresh, about 10 s of CPU each (8 workers on 2 cores took
-# ~45 s to start). Neither CUDA nor Horovod is initialised in the server, so forking from it is safe.
-WORKER_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-_SERVER_PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "horovod.torch")
-
-
 def prepare_worker_start(start_method: str) -> Dict[str, str]:
     """Called in the launching process before its workers start; returns the environment they must see.
-    A forked worker inherits the fork server's environment (this process's when the server started, the
-    first launch), so the current one travels with the job (see :func:`enter_worker`)."""
+    A forked worker inherits the fork server's environment (this process's when the server started: the
+    first launch, or the start of the command line), so the current one travels with the job (see
+    :func:`enter_worker`)."""
     if start_method == "forkserver":
-        multiprocessing.set_forkserver_preload(list(_SERVER_PRELOAD))  # no effect once the server runs
+        set_server_preload()  # no effect once the server runs
     return dict(os.environ)
 
 

@@ -15,11 +15,16 @@ import warnings
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning_straggler.worker_start import end_early_fork_server, start_fork_server_early
+
+if __name__ == "__main__":  # before the imports below: the fork server imports torch alongside them
+    start_fork_server_early(sys.argv[1:])
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 from omegaconf import DictConfig
 
 # Importing the config module registers the group schemas with Hydra's ConfigStore.
-from lightning_straggler.config import ConfigError, load_config
+from lightning_straggler.config import ConfigError, load_config  # noqa: E402
 
 log = logging.getLogger("lightning_straggler")
 
@@ -245,7 +250,12 @@ def _hydra_main() -> None:
             sys.exit(2 if isinstance(e, ConfigError) else 1)
         return summary.get("val_acc") if summary else None
 
-    main()
+    try:
+        main()
+    except SystemExit as e:
+        if e.code:  # refused or failed: the early fork server must not keep a reader of the output waiting
+            end_early_fork_server()
+        raise
 
 
 if __name__ == "__main__":
