@@ -6,34 +6,45 @@ import sys
 
 import pytest
 
-NAMES = ("ring", "dpar", "awar", "dssync", "boa")
+NAMES = ("ring", "dpar", "awar", "dssync", "boa", "adaptive")
+ARGS = [sys.executable, "-W", "ignore", "-c"]
+
+
+def _last_line(proc: subprocess.Popen, code: str) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"{code}\n{err[-2000:]}"
+    return out.strip().splitlines()[-1]
 
 
 def _run(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.strip().splitlines()[-1]
+    return _last_line(subprocess.Popen([*ARGS, code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), code)
 
 
 def test_policies_and_the_simulator_import_without_torch_or_lightning():
     out = _run("import sys, lightning_straggler, lightning_straggler.policies.dpar, lightning_straggler.policies.awar, "
-               "lightning_straggler.policies.boa, lightning_straggler.policies.boa_schedule, lightning_straggler.sim; "
+               "lightning_straggler.policies.boa, lightning_straggler.policies.boa_schedule, "
+               "lightning_straggler.policies.adaptive, lightning_straggler.sim; "
                "print(sorted(m for m in ('torch', 'lightning', 'horovod') if m in sys.modules))")
     assert out == "[]"
 
 
-@pytest.mark.parametrize("order", [
+IMPORT_ORDERS = [
     "import lightning_straggler; import lightning.pytorch",          # ours first, Lightning later
     "import lightning.pytorch; import lightning_straggler",          # Lightning first
     "import lightning_straggler; import lightning",                  # the top-level Lightning package
     "from lightning_straggler.strategies.dpar import DparStrategy",  # a strategy module alone
     "import lightning_straggler.launcher",                           # modules that load Lightning themselves
     "import lightning_straggler.comm",
-])
-def test_every_strategy_name_is_registered_whatever_the_import_order(order):
-    out = _run(f"{order}; from lightning.pytorch.strategies import StrategyRegistry; "
-               f"print([n for n in {NAMES!r} if n not in StrategyRegistry])")
-    assert out == "[]"
+]
+
+
+def test_every_strategy_name_is_registered_whatever_the_import_order():
+    """Each order in its own fresh interpreter; the interpreters run side by side (each imports Lightning)."""
+    codes = [f"{order}; from lightning.pytorch.strategies import StrategyRegistry; "
+             f"print([n for n in {NAMES!r} if n not in StrategyRegistry])" for order in IMPORT_ORDERS]
+    procs = [subprocess.Popen([*ARGS, code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for code in codes]
+    missing = {order: _last_line(p, code) for order, p, code in zip(IMPORT_ORDERS, procs, codes)}
+    assert missing == {order: "[]" for order in IMPORT_ORDERS}
 
 
 def test_strategy_classes_load_on_first_use():
