@@ -9,14 +9,17 @@ from typing import Any, Callable
 
 
 def run_workers(target: Callable[..., None], size: int, args: tuple, timeout_s: float, what: str) -> dict[int, Any]:
-    """``target(rank, size, port, *args, results)`` in ``size`` spawned processes; each puts ``(rank, value)``
+    """``target(rank, size, port, *args, results)`` in ``size`` worker processes; each puts ``(rank, value)``
     on ``results``. Returns ``{rank: value}``; a crashed worker or the deadline raises at once, naming ``what``."""
-    from lightning_straggler.launcher import _Rendezvous
+    from lightning_straggler.launcher import WORKER_START_METHOD, _Rendezvous, prepare_worker_start
 
-    ctx = mp.get_context("spawn")
+    # started as the strategies start theirs (the fork server: torch is imported once, not per worker)
+    launch_env = prepare_worker_start(WORKER_START_METHOD)
+    ctx = mp.get_context(WORKER_START_METHOD)
     results = ctx.Queue()
     rendezvous = _Rendezvous(size)
-    procs = [ctx.Process(target=target, args=(r, size, rendezvous.port, *args, results)) for r in range(size)]
+    procs = [ctx.Process(target=_enter, args=(target, launch_env, r, size, rendezvous.port, *args, results))
+             for r in range(size)]
     got: dict[int, Any] = {}
     try:
         for p in procs:
@@ -39,3 +42,10 @@ def run_workers(target: Callable[..., None], size: int, args: tuple, timeout_s: 
                 p.terminate()
         rendezvous.stop()
     return got
+
+
+def _enter(target: Callable[..., None], launch_env: dict[str, str], *args: Any) -> None:
+    from lightning_straggler.launcher import enter_worker
+
+    enter_worker(launch_env)  # the caller's environment now, and die with the caller
+    target(*args)
