@@ -48,12 +48,15 @@ def test_random_straggler_schedules_always_finish():
         assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
-def test_cli_awar_summary(tmp_path, cli):
+def test_awar_run_summary_has_classifications_and_averages(tmp_path, compose):
+    """``train(cfg)`` from code, as the command line calls it (the command line itself: the dpar, demo and
+    multirun tests)."""
+    from lightning_straggler.train import train
+
     out = tmp_path / "run"
-    res = cli("algorithm=awar", "algorithm.period_steps=5", "trainer=quick", "trainer.devices=4", "straggler=transient",
+    train(compose("algorithm=awar", "algorithm.period_steps=5", "trainer=quick", "trainer.devices=4", "straggler=transient",
               "straggler.events=[{rank:1,factor:4.0,start_step:0,end_step:30}]", "data=synthetic",
-              "trainer.max_steps=30", "profiler.plot=false", f"output_dir={out}")
-    assert res.returncode == 0, res.stderr[-3000:]
+              "trainer.max_steps=30", "profiler.plot=false", f"output_dir={out}"))
     summary = json.loads((out / "summary.json").read_text())
     kinds = [e["kind"] for e in summary["events"]]
     assert "classification" in kinds and "average" in kinds

@@ -72,12 +72,15 @@ def test_random_straggler_schedules_always_finish():
         assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
-def test_cli_boa_summary(tmp_path, cli):
+def test_boa_run_summary_starts_with_the_allocation(tmp_path, compose):
+    """``train(cfg)`` from code, as the command line calls it (the command line itself: the dpar, demo and
+    multirun tests)."""
+    from lightning_straggler.train import train
+
     out = tmp_path / "run"
-    res = cli("algorithm=boa", "algorithm.window_steps=5", "trainer=quick", "trainer.devices=4", "straggler=static",
+    train(compose("algorithm=boa", "algorithm.window_steps=5", "trainer=quick", "trainer.devices=4", "straggler=static",
               "straggler.factors=[1.0,1.0,1.67,3.33]", "data=synthetic", "trainer.max_steps=20",
-              "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}")
-    assert res.returncode == 0, res.stderr[-3000:]
+              "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "boa"
     assert summary["events"][0]["kind"] == "allocation"

@@ -52,11 +52,14 @@ def test_random_straggler_schedules_always_finish():
         assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
-def test_cli_run_records_schedule_and_global_averages(tmp_path, cli):
+def test_run_records_schedule_and_global_averages(tmp_path, compose):
+    """``train(cfg)`` from code, as the command line calls it (the command line itself: the dpar, demo and
+    multirun tests)."""
+    from lightning_straggler.train import train
+
     out = tmp_path / "run"
-    res = cli("algorithm=dssync", "trainer=quick", "trainer.devices=4", "straggler=none", "data=synthetic",
-              "trainer.max_steps=20", "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}")
-    assert res.returncode == 0, res.stderr[-3000:]
+    train(compose("algorithm=dssync", "trainer=quick", "trainer.devices=4", "straggler=none", "data=synthetic",
+              "trainer.max_steps=20", "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "dssync"
     kinds = [e["kind"] for e in summary["events"]]
