@@ -69,7 +69,8 @@ def test_the_command_line_starts_the_fork_server_before_it_imports_torch():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--cfg", "job"], ["--cfg=job"], ["-c", "job"], ["--info"],
-                                  ["algorithm=ring", "trainer.devices=1"]])
+                                  ["algorithm=ring", "trainer.devices=1"],
+                                  ["-m", "hydra/launcher=submitit_slurm", "seed=0,1"]])
 def test_no_fork_server_for_a_command_that_starts_no_worker(argv):
     from lightning_straggler.worker_start import start_fork_server_early
 
@@ -96,3 +97,11 @@ def test_a_refused_command_line_ends_the_early_fork_server():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["gone"]
+
+
+def test_no_fork_server_as_a_task_of_a_multi_task_srun_step(monkeypatch):
+    from lightning_straggler.worker_start import start_fork_server_early
+
+    for name, value in (("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "1"), ("SLURM_STEP_NUM_TASKS", "4")):
+        monkeypatch.setenv(name, value)
+    assert start_fork_server_early(["trainer.devices=4"]) is False
