@@ -14,9 +14,9 @@ from typing import Sequence
 WORKER_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 SERVER_PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "horovod.torch")
 
-# command-line arguments after which no worker starts (Hydra prints or checks something and exits)
-_started_early = False
+_started_early = False  # whether start_fork_server_early started the server (end_early_fork_server ends it)
 
+# command-line arguments after which no worker starts (Hydra prints or checks something and exits)
 _NO_WORKERS_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--version", "--shell-completion", "-sc")
 
 
@@ -29,8 +29,9 @@ def set_server_preload() -> None:
 def start_fork_server_early(argv: Sequence[str]) -> bool:
     """At the start of ``python -m lightning_straggler.train ARGS``: start the fork server now unless the
     command cannot start workers here (a help or config-printing flag, ``trainer.devices=1``, a sweep
-    through another Hydra launcher, or attached: under ``horovodrun`` or as a task of a multi-task ``srun``). Returns whether it started. A wrong configuration is still refused
-    before any worker starts: the server only imports modules."""
+    through another Hydra launcher, or attached: under ``horovodrun`` or as a task of a multi-task
+    ``srun``). Returns whether it started. A wrong configuration is still refused before any worker
+    starts: the server only imports modules."""
     from lightning_straggler.cluster_env import srun_launched
 
     if WORKER_START_METHOD != "forkserver" or "HOROVOD_RANK" in os.environ or srun_launched():
@@ -51,8 +52,9 @@ def start_fork_server_early(argv: Sequence[str]) -> bool:
 
 
 def end_early_fork_server() -> None:
-    """On a refused configuration: stop the server started early, which would otherwise finish its imports
-    (seconds) holding this process's stdout and stderr, and keep a reader of the output waiting."""
+    """When the command line exits with an error (a refused configuration above all): stop the server
+    started early, which would otherwise finish its imports (seconds) holding this process's stdout and
+    stderr, and keep a reader of the output waiting."""
     global _started_early
     if not _started_early:
         return
