@@ -160,3 +160,40 @@ def test_versus_best_divides_by_the_better_of_the_others_per_seed(tmp_path):
     assert (tmp_path / "versus_best_boa.md").exists()
     with pytest.raises(SystemExit):
         versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa"])  # no such runs: named
+
+
+def test_recovery_is_the_share_of_rings_loss_to_the_ideal_won_back(tmp_path):
+    """benchmarks.recovery on a committed grid: per seed (X - ring) / (ideal - ring) from the grid's
+    summary.json (recomputed here), interval from stats.labelled against 0, target on the lower end, the
+    closed form's edge cases, and accuracy against the straggler-free ring of the reference grid."""
+    from benchmarks import recovery, versus_best
+
+    assert recovery.recovered_fraction(300.0, 200.0, 400.0) == pytest.approx(0.5)
+    assert recovery.recovered_fraction(400.0, 200.0, 400.0) == pytest.approx(1.0)
+    assert recovery.recovered_fraction(150.0, 200.0, 400.0) == pytest.approx(-0.25)
+    assert recovery.recovered_fraction(500.0, 398.0, 400.0) is None  # nothing to recover
+    results = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "matrix")
+    shutil.copy(os.path.join(results, "20261203-mixtransient", "summary.json"), tmp_path / "summary.json")
+    cells = recovery.main([str(tmp_path), "--algorithm", "adaptive", "--target", "0.5",
+                           "--reference-grid", os.path.join(results, "20261203-ddp-none")])
+    with open(tmp_path / "summary.json") as f:
+        runs = {(r["algorithm"], r["world_size"], r["seed"]): r for r in json.load(f)["runs"]
+                if r["scenario"] == "mixtransient" and r.get("throughput") is not None}
+    ref = versus_best.read_runs(os.path.join(results, "20261203-ddp-none"))
+    assert [c["world_size"] for c in cells] == [4, 8]
+    for cell in cells:
+        n = cell["world_size"]
+        seeds = sorted(sd for (a, w, sd) in runs if a == "adaptive" and w == n)
+        assert seeds == [0, 1, 2]  # the grid stopped after three seed blocks
+        want = [(runs[("adaptive", n, sd)]["throughput"] - runs[("ring", n, sd)]["throughput"])
+                / (runs[("ring", n, sd)]["ideal"] - runs[("ring", n, sd)]["throughput"]) for sd in seeds]
+        assert [p["recovered"] for p in cell["per_seed"]] == pytest.approx(want)
+        assert all(0 < w < 1 for w in want)  # better than ring, short of the ideal
+        assert cell["recovered"] == stats.labelled(want, reference=0.0)
+        assert cell["target_met"] == (cell["recovered"]["lo"] >= 0.5)
+        acc = [100 * (runs[("adaptive", n, sd)]["val_acc"] - ref[("ring", "none", n, sd)]["val_acc"])
+               for sd in seeds]
+        assert cell["per_seed_acc_points"] == pytest.approx(acc)
+    assert (tmp_path / "recovery_adaptive.md").exists()
+    with pytest.raises(SystemExit):
+        recovery.main([str(tmp_path), "--algorithm", "awar"])  # no such runs: named
