@@ -2,7 +2,7 @@
 
 Reads a main-job output directory (``summary.json`` and ``step_times.csv.gz``, every rank's compute,
 communication and samples of every step, written by the profiler), replays the job in the simulator
-(``lightning_straggler.sim``) under every strategy (ring, dpar, awar, dssync, boa) with the measured
+(``lightning_straggler.sim``) under every strategy (ring, dpar, awar, dssync, boa, adaptive) with the measured
 per-rank per-step compute times as the workload, and prints each strategy's predicted throughput and
 efficiency, the recommendation with its Hydra override, the evidence (which ranks were slow, how much,
 and whether persistently, in one stretch or in scattered episodes), what the run cannot tell, and the
@@ -64,7 +64,7 @@ from lightning_straggler.sim.calibration import (
     workload_for,
 )
 
-STRATEGIES = ("ring", "dpar", "awar", "dssync", "boa")
+STRATEGIES = ("ring", "dpar", "awar", "dssync", "boa", "adaptive")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALIDATION_GLOB = os.path.join(ROOT, "benchmarks", "results", "**", "sim_validate.json")
 SLOW_RATIO = 1.5  # a rank is slow at a step when its (smoothed) compute is this many times the fastest rank's
@@ -471,8 +471,8 @@ def caveats(s: dict[str, Any], m: Measured, overheads: bool = False) -> list[str
                    + (f" ({unmeasured} rank-steps, given the factor of the rank's nearest measured step)" if unmeasured else ""))
     elif unmeasured:
         out.append(f"{unmeasured} rank-steps have no compute time; they take the rank's nearest measured step's factor")
-    if algo == "boa":
-        out.append("a boa run: ranks computed different batch sizes, so the replay assumes one split of a step "
+    if algo in ("boa", "adaptive"):
+        out.append(f"{'an' if algo == 'adaptive' else 'a'} {algo} run: ranks computed different batch sizes, so the replay assumes one split of a step "
                    f"into fixed and per-sample time for every rank (per sample {1e3 * m.per_sample_s:.2f} ms); how the "
                    "slow ranks would do at ring's equal batches is extrapolated from it")
     if algo == "dssync":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lightning_straggler import advise as adv
-from lightning_straggler.config import load_config
+from lightning_straggler.config import AdaptiveConfig, DparConfig, load_config
 from lightning_straggler.profiling import STEP_TIMES_FILE, StepRecord, summarise, write_step_times
 from lightning_straggler.sim import Network, simulate
 from lightning_straggler.sim.calibration import workload_for
@@ -98,8 +99,8 @@ def test_persistent_straggler_table_matches_the_simulator_and_recommends_the_fas
         assert table[name]["efficiency"] == pytest.approx(res.efficiency, rel=1e-6)
     fastest = max(independent, key=lambda k: independent[k].throughput_samples_per_s)
     # one of those that stop waiting for a persistent straggler (awar since its early boundaries: it leaves
-    # the group after 3 steps instead of a window)
-    assert fastest in ("boa", "dpar", "awar") and independent[fastest].throughput_samples_per_s > \
+    # the group after 3 steps instead of a window; adaptive re-plans its batch 2 steps after the change)
+    assert fastest in ("boa", "dpar", "awar", "adaptive") and independent[fastest].throughput_samples_per_s > \
         1.3 * independent["ring"].throughput_samples_per_s
     assert a["recommended"] == fastest and a["override"] == f"algorithm={fastest}"
     text = adv.format_advice(a)
@@ -317,3 +318,33 @@ def test_dpar_run_says_what_the_excluded_rank_hides(tmp_path):
     assert "rank(s) 3 trained outside the group (25 steps)" in hidden
     assert f"{int((~m.measured).sum())} rank-steps" in hidden
     assert any("loop overhead was fitted on the dpar replay" in c for c in a["caveats"])
+
+
+def test_adaptive_is_replayed_and_an_adaptive_run_is_advised_with_its_own_settings(tmp_path):
+    """adaptive is one of the strategies the advisor replays (the simulator's adaptive with the config defaults
+    for a ring run); an adaptive run is replayed with its own settings (react_steps 5 here, not the default 2;
+    likewise a dpar run's react_steps) and its caveat says the batches differed per rank."""
+    factors = transient(rank=1, factor=6.0, start=30, end=90)
+    run = make_run(tmp_path / "ring", factors)
+    a = adv.advise(run, overheads="none")
+    workload, network = _truth(_expected(run), factors)
+    want = simulate("adaptive", workload, network, **adv.default_settings("adaptive", _expected(run)))
+    row = next(r for r in a["table"] if r["strategy"] == "adaptive")
+    assert row["predicted_samples_per_s"] == pytest.approx(want.throughput_samples_per_s, rel=1e-6)
+    assert row["vs_ring"] > 1.3  # a 6x collapse of one rank in half the run: re-planned around
+    for name, default in (("adaptive", AdaptiveConfig.react_steps), ("dpar", DparConfig.react_steps)):
+        summary = dict(_expected(run), algorithm=name)
+        summary["config"] = dict(summary["config"], algorithm=dict(
+            OmegaConf.to_container(OmegaConf.structured(load_config({"algorithm": {"name": name}}).algorithm)),
+            react_steps=5))
+        assert adv.default_settings(name, summary)["react_steps"] == 5 != default
+    summary = dict(_expected(run), algorithm="adaptive")
+    summary["config"] = dict(summary["config"], algorithm={"name": "adaptive", "react_steps": 5})
+    path = tmp_path / "adaptive"
+    path.mkdir()
+    (path / "summary.json").write_text(json.dumps(summary))
+    shutil.copy(os.path.join(run, STEP_TIMES_FILE), path / STEP_TIMES_FILE)  # the same steps, as if adaptive's
+    b = adv.advise(str(path), overheads="none")
+    assert b["replayed_own"] == "adaptive"
+    assert any(c.startswith("an adaptive run: ranks computed different batch sizes") for c in b["caveats"])
+    assert [r["strategy"] for r in b["table"]] == list(adv.STRATEGIES)

@@ -115,10 +115,16 @@ def algorithm_settings(s: dict[str, Any]) -> dict[str, Any]:
     if name == "dpar":
         keys = ("slow_ratio", "strikeout_ratio", "strikeout_windows", "readmit_ratio", "readmit_windows", "min_active",
                 "data_penalty")
-        return {"window_steps": a["window_steps"], "thresholds": DparThresholds(**{k: a[k] for k in keys if k in a})}
+        return {"window_steps": a["window_steps"], "thresholds": DparThresholds(**{k: a[k] for k in keys if k in a})} \
+            | ({"react_steps": a["react_steps"]} if "react_steps" in a else {})
     if name == "awar":
         return {"period_steps": a["period_steps"], "weighting": a.get("weighting", "updates"),
-                "thresholds": AwarThresholds(a["slow_ratio"], a["recover_ratio"], a["min_group"])}
+                "thresholds": AwarThresholds(a["slow_ratio"], a["recover_ratio"], a["min_group"])} \
+            | ({"react_steps": a["react_steps"]} if "react_steps" in a else {})
+    if name == "adaptive":
+        keys = ("react_steps", "react_ratio", "history_steps", "global_batch", "min_local_batch", "max_local_batch",
+                "window_steps", "rebalance_gain", "tune_workers", "initial_batch_sizes", "seed")
+        return {k: a[k] for k in keys if k in a}
     if name == "boa":
         keys = ("window_steps", "rebalance_gain", "history_windows", "global_batch", "min_local_batch",
                 "max_local_batch", "tune_workers", "initial_batch_sizes")
