@@ -26,7 +26,9 @@ Scenarios, scaled from the benchmark grid (the same dict shapes as ``conf/stragg
   [steps/4, steps/4 + steps/3);
 * ``random``: ``conf/straggler/random.yaml`` as it is (each worker, per window of 20 steps, slow with
   probability 0.1, by 2-4x, for 10-40 steps), so the number of stragglers grows with N;
-* ``permanent-10x``: one worker 10x slower throughout.
+* ``permanent-10x``: one worker 10x slower throughout;
+* ``mix-transient``: the matrix's ``mixtransient`` (``benchmarks.matrix.mixtransient_events``): the static mix
+  above and worker 0, a fast one, 10x slower for the middle third of the run (the case ``adaptive`` is for).
 
 Per-step compute has lognormal jitter with a 2% coefficient of variation. Algorithms with their
 ``conf/algorithm`` defaults: ``dssync`` (groups of 2, butterfly), ``boa`` (re-plan every 10 steps),
@@ -52,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.matrix import speed_mix
+from benchmarks.matrix import mixtransient_events, speed_mix
 from lightning_straggler.sim import ETHERNET_25G, INFINIBAND_200G, Workload, simulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +66,7 @@ MODELS = {
 }
 NETWORKS = [ETHERNET_25G, INFINIBAND_200G]
 SIZES = [16, 32, 64, 128, 256, 512, 1024]
-SCENARIOS = ["none", "static-mix", "transient-1pct", "random", "permanent-10x"]
+SCENARIOS = ["none", "static-mix", "transient-1pct", "random", "permanent-10x", "mix-transient"]
 ALGORITHMS = ["ring", "dssync", "boa", "dpar", "awar", "adaptive", "backup", "async"]
 JITTER_CV = 0.02
 MEASURED_FRACTION = 0.75  # throughput over the last 3/4 of a run: after dpar's/awar's first windows and boa's first plans
@@ -87,6 +89,8 @@ def scenario(name: str, n: int, steps: int) -> dict[str, Any]:
         return dict(RANDOM_CONF)
     if name == "permanent-10x":
         return {"scenario": "static", "factors": [1.0] * (n - 1) + [10.0]}
+    if name == "mix-transient":
+        return {"scenario": "transient", "events": mixtransient_events(n, steps)}
     raise ValueError(f"unknown scenario {name!r}")
 
 

@@ -1,7 +1,7 @@
 """Soak test: randomised straggler schedules through every algorithm; nothing may hang.
 
     .venv/bin/python -m benchmarks.soak [--schedules 100] [--seed 0] [--timeout-s 300] [--stall-timeout-s 60]
-        [--algorithms ring dssync boa dpar awar] [--ranks 4] [--steps 16] [--jobs 1]
+        [--algorithms ring dssync boa dpar awar adaptive] [--ranks 4] [--steps 16] [--jobs 1]
         [--output-dir benchmarks/results/soak] [--faults [--checkpoint-every 4]]
 
 Each schedule is one short job (``python -m lightning_straggler.train``, 4 Horovod workers on loopback,
@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGORITHMS = ("ring", "dssync", "boa", "dpar", "awar")
+ALGORITHMS = ("ring", "dssync", "boa", "dpar", "awar", "adaptive")
 KINDS = ("transient", "all_slow", "static", "random")
 OUTCOMES = ("finished", "wrong", "errored", "stalled", "hung")
 FAULTS = ("kill", "freeze")

@@ -35,7 +35,7 @@ def test_killed_worker_ends_the_job_naming_the_rank_and_the_signal(tmp_path):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("algorithm", ["ring", "dssync", "dpar", "awar", "boa"])
+@pytest.mark.parametrize("algorithm", ["ring", "dssync", "dpar", "awar", "boa", "adaptive"])
 def test_restart_on_failure_goes_on_from_the_last_checkpoint_without_the_dead_worker(tmp_path, algorithm):
     # 640 training samples: an epoch is 10 batches on 4 workers, 14 on 3. The step-10 checkpoint is the
     # first epoch's last batch; the restart must start the second epoch whole and reach max_steps in it
