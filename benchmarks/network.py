@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.network check   [--hosts 2] [--rate-mbit 100] [--delay-ms 0.1]
     .venv/bin/python -m benchmarks.network cleanup  # remove namespaces a crashed run left behind
+    .venv/bin/python -m benchmarks.network slurm [--hosts 2] [--rate-mbit 200] -- COMMAND  # Slurm node per host
 
 Layout (everything inside namespaces this module creates; the machine's own namespace is not touched):
 
@@ -26,6 +27,7 @@ horovodrun would set (:func:`lightning_straggler.cluster_env.attach_env`), so th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -403,6 +405,54 @@ def ring_allreduce_predicted_s(workers: int, hosts: int, floats: int, rate_mbit:
     return 2 * (k - 1) / k * floats * 4 * 8 / (rate_mbit * 1e6)
 
 
+SLURM_SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
+
+
+@contextlib.contextmanager
+def slurm_on_hosts(net: NamespacedHosts, state_dir: str, port: int = 16817, wait_s: float = 90):
+    """``scripts/local_slurm.sh``'s cluster with Slurm node ``lsI`` on host I-1 (``LS_SLURM_NETNS``): slurmctld and
+    ls1's slurmd inside host 0, each other slurmd inside its own host. Yields the environment for clients, which
+    must run inside host 0 (``net.popen(0, ...)``). Stops the cluster on the way out, also on an exception; the
+    namespaces stay ``net``'s."""
+    env = {**os.environ, "LS_SLURM_DIR": state_dir, "LS_SLURM_NODES": str(net.hosts), "LS_SLURM_PORT": str(port),
+           "LS_SLURM_WAIT_S": str(int(wait_s)), "LS_SLURM_NETNS": " ".join(net.names),
+           "LS_SLURM_NODE_ADDRS": " ".join(net.address(h) for h in range(net.hosts))}
+    ok = False
+    try:
+        start = subprocess.run(["bash", SLURM_SCRIPT, "start"], env=env, capture_output=True, text=True, timeout=1200)
+        if start.returncode != 0:
+            raise NetworkError(f"the local cluster did not start on the hosts: {start.stderr.strip()[-2000:]}")
+        yield {**os.environ, "SLURM_CONF": os.path.join(state_dir, "slurm.conf"),
+               "PATH": os.path.join(state_dir, "bin") + os.pathsep + os.environ.get("PATH", "")}
+        ok = True
+    finally:
+        stop = subprocess.run(["bash", SLURM_SCRIPT, "stop"], env=env, capture_output=True, text=True, timeout=120)
+        if stop.returncode != 0 and ok:
+            raise NetworkError(f"the local cluster did not stop: {stop.stderr.strip()[-2000:]}")
+
+
+def _slurm(args) -> int:
+    """Run a command inside host 0 with a Slurm cluster whose nodes are the hosts."""
+    if not args.cmd:
+        print("slurm: give the command to run after --, e.g. -- sinfo -N", file=sys.stderr)
+        return 2
+    import tempfile
+
+    shape = LinkShape(args.rate_mbit, args.delay_ms)
+    with NamespacedHosts(args.hosts, shape) as net, tempfile.TemporaryDirectory(prefix="ls-slurm-netns-") as state:
+        with slurm_on_hosts(net, state, port=args.port) as env:
+            print(f"[network] Slurm nodes ls1..ls{net.hosts} on hosts {', '.join(net.names)} ({shape.describe()}); "
+                  f"running inside {net.names[0]}: {' '.join(args.cmd)}", file=sys.stderr, flush=True)
+            proc = net.popen(0, args.cmd, env=env)
+            try:
+                rc = proc.wait(timeout=args.timeout_s)
+            except subprocess.TimeoutExpired:
+                print(f"[network] the command ran past --timeout-s {args.timeout_s:g}; ended", file=sys.stderr)
+                rc = 124
+    print("[network] cluster stopped, hosts torn down", file=sys.stderr)
+    return rc
+
+
 def _check(args) -> int:
     """Time a bulk TCP transfer from the first host to the last."""
     shape = LinkShape(args.rate_mbit, args.delay_ms)
@@ -437,6 +487,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check.add_argument("--rate-mbit", type=float, default=100.0)
     check.add_argument("--delay-ms", type=float, default=0.0)
     check.add_argument("--megabytes", type=int, default=8)
+    slurm = sub.add_parser("slurm", help="make the hosts, run a Slurm cluster with one node per host "
+                           "(scripts/local_slurm.sh), run a command inside host 0, stop, tear down")
+    slurm.add_argument("--hosts", type=int, default=2, help="hosts = Slurm nodes (1-4)")
+    slurm.add_argument("--rate-mbit", type=float, default=None, help="shape every host's link (default: unshaped)")
+    slurm.add_argument("--delay-ms", type=float, default=0.0)
+    slurm.add_argument("--port", type=int, default=16817, help="slurmctld's port; slurmd's follow it")
+    slurm.add_argument("--timeout-s", type=float, default=1800, help="the command is ended after this long")
+    slurm.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command (e.g. python -m lightning_straggler.train -m ...)")
     clean = sub.add_parser("cleanup", help="remove namespaces left by runs whose process is gone")
     clean.add_argument("--all", action="store_true", help="also those of running processes")
     probe = sub.add_parser("_allreduce")  # internal: one worker of allreduce_seconds
@@ -455,6 +513,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "_rendezvous":
         _serve_rendezvous(args)
         return 0
+    if args.command == "slurm":
+        args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return _slurm(args)
     if args.command == "cleanup":
         print(json.dumps({"removed": cleanup(only_dead=not args.all)}))
         return 0

@@ -13,9 +13,18 @@
 # Every daemon binds 127.0.0.1 only (CommunicationParameters=NoCtldInAddrAny,NoInAddrAny; this host's name must resolve
 # to a loopback address, which `start` checks). Needs root (apt-get, daemons running as root).
 #
-# Settings (environment): LS_SLURM_DIR, LS_SLURM_NODES (1-4), LS_SLURM_CPUS (CPUs each node announces,
+# Settings (environment): LS_SLURM_DIR, LS_SLURM_NODES (1-16), LS_SLURM_CPUS (CPUs each node announces,
 # default 4: more than the machine has is fine for tests), LS_SLURM_MEM_MB (default 4096 per node),
 # LS_SLURM_PORT (slurmctld; slurmd ports follow it; default 16817), LS_SLURM_WAIT_S (default 60).
+#
+# Nodes as hosts: with LS_SLURM_NETNS="NS1 NS2 ..." (existing network namespaces, one per node, e.g. made by
+# benchmarks/network.py's NamespacedHosts) and LS_SLURM_NODE_ADDRS="A1 A2 ..." (each node's address in its
+# namespace), node i's slurmd runs inside NSi with NodeAddr=Ai, and slurmctld inside NS1 at A1, so a job's
+# tasks run on separate network stacks and talk over the namespaces' links. The daemons then bind every
+# address of their own namespace (no NoInAddrAny: the addresses there are the namespaces' only), nothing in
+# the machine's own namespace; clients (sbatch, srun, sinfo, a Hydra sweep) must run inside NS1
+# (`ip netns exec NS1 ...`), which `env` prints. The namespaces are the caller's: this script neither makes
+# nor removes them.
 set -euo pipefail
 
 DIR="${LS_SLURM_DIR:-/tmp/ls-slurm}"
@@ -26,10 +35,32 @@ PORT="${LS_SLURM_PORT:-16817}"
 WAIT_S="${LS_SLURM_WAIT_S:-60}"
 CONF="$DIR/slurm.conf"
 SOCK="$DIR/munge/munge.socket"
+read -r -a NETNS <<< "${LS_SLURM_NETNS:-}"
+read -r -a NODE_ADDRS <<< "${LS_SLURM_NODE_ADDRS:-}"
 
 log() { echo "[local_slurm] $*" >&2; }
 die() { echo "[local_slurm] error: $*" >&2; exit 1; }
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "ls$i"; done; }
+# run a command on node i's network stack (i from 0; the controller and the clients are node 0's)
+on_node() { local i="$1"; shift; if [ ${#NETNS[@]} -gt 0 ]; then ip netns exec "${NETNS[$i]}" "$@"; else "$@"; fi; }
+
+check_settings() {
+  [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 16 ] \
+    || die "LS_SLURM_NODES must be an integer from 1 to 16 (got '$NODES')"
+}
+
+check_netns() {
+  [ ${#NETNS[@]} -eq 0 ] && [ ${#NODE_ADDRS[@]} -eq 0 ] && return 0
+  [ ${#NETNS[@]} -eq "$NODES" ] || die "LS_SLURM_NETNS names ${#NETNS[@]} namespace(s); LS_SLURM_NODES is $NODES: one per node"
+  [ ${#NODE_ADDRS[@]} -eq "$NODES" ] || die "LS_SLURM_NODE_ADDRS has ${#NODE_ADDRS[@]} address(es) for $NODES node(s)"
+  command -v ip >/dev/null 2>&1 || die "LS_SLURM_NETNS needs iproute2 (ip netns)"
+  local i
+  for ((i = 0; i < NODES; i++)); do
+    ip netns exec "${NETNS[$i]}" true 2>/dev/null || die "LS_SLURM_NETNS: no namespace '${NETNS[$i]}' (make it first)"
+    ip netns exec "${NETNS[$i]}" ip -4 -o addr show | grep -q " ${NODE_ADDRS[$i]}/" \
+      || die "LS_SLURM_NODE_ADDRS: ${NODE_ADDRS[$i]} is not an address of namespace ${NETNS[$i]}"
+  done
+}
 
 install_missing() {
   local missing=()
@@ -56,21 +87,33 @@ write_config() {
   mkdir -p "$DIR"/{munge,state,log,run,spool}
   chmod 700 "$DIR/munge"
   local host; host="$(hostname -s)"
-  local addr; addr="$(getent ahostsv4 "$host" | awk 'NR==1{print $1}')"
-  case "$addr" in
-    127.*) ;;
-    *) die "this host's name '$host' resolves to '${addr:-nothing}', not a loopback address; the local cluster binds loopback only (add '127.0.1.1 $host' to /etc/hosts)";;
-  esac
-  local nodes=() i
+  local addrs=() i
+  if [ ${#NETNS[@]} -gt 0 ]; then
+    addrs=("${NODE_ADDRS[@]}")
+  else
+    local addr; addr="$(getent ahostsv4 "$host" | awk 'NR==1{print $1}')"
+    case "$addr" in
+      127.*) ;;
+      *) die "this host's name '$host' resolves to '${addr:-nothing}', not a loopback address; the local cluster binds loopback only (add '127.0.1.1 $host' to /etc/hosts)";;
+    esac
+    for ((i = 0; i < NODES; i++)); do addrs+=(127.0.0.1); done
+  fi
+  local nodes=()
   mapfile -t nodes < <(node_names)
   {
-    echo "# written by scripts/local_slurm.sh; a one-machine test cluster, loopback only"
+    if [ ${#NETNS[@]} -gt 0 ]; then
+      echo "# written by scripts/local_slurm.sh; a one-machine test cluster, one network namespace per node: ${NETNS[*]}"
+    else
+      echo "# written by scripts/local_slurm.sh; a one-machine test cluster, loopback only"
+    fi
     echo "ClusterName=lightning-straggler"
-    echo "SlurmctldHost=$host(127.0.0.1)"
+    # slurmctld checks that it runs on this host name; the address is where the others reach it
+    echo "SlurmctldHost=$host(${addrs[0]})"
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
     echo "SlurmctldPort=$PORT"
-    echo "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny"
+    # on loopback, bind 127.0.0.1 only; in namespaces, their addresses are the only ones there are
+    [ ${#NETNS[@]} -eq 0 ] && echo "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny"
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
     echo "AuthInfo=socket=$SOCK"
@@ -100,7 +143,7 @@ write_config() {
     echo "Waittime=0"
     echo "SrunPortRange=$((PORT + 100))-$((PORT + 199))"
     for ((i = 0; i < ${#nodes[@]}; i++)); do
-      echo "NodeName=${nodes[$i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT + 1 + i)) CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+      echo "NodeName=${nodes[$i]} NodeHostname=$host NodeAddr=${addrs[$i]} Port=$((PORT + 1 + i)) CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
     done
     echo "PartitionName=local Nodes=ALL Default=YES MaxTime=120 State=UP"
   } > "$CONF"
@@ -144,14 +187,15 @@ start_daemons() {
   fi
   export SLURM_CONF="$CONF"
   if ! pid_alive "$DIR/run/slurmctld.pid"; then
-    slurmctld -f "$CONF" -i || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
+    on_node 0 slurmctld -f "$CONF" -i || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
   fi
-  local n
+  local n i=0
   for n in $(node_names); do
     mkdir -p "$DIR/spool/$n"
     if ! pid_alive "$DIR/run/slurmd-$n.pid"; then
-      slurmd -f "$CONF" -N "$n" || die "slurmd -N $n did not start (see $DIR/log/slurmd-$n.log)"
+      on_node "$i" slurmd -f "$CONF" -N "$n" || die "slurmd -N $n did not start (see $DIR/log/slurmd-$n.log)"
     fi
+    i=$((i + 1))
   done
 }
 
@@ -159,14 +203,14 @@ wait_idle() {
   local deadline=$((SECONDS + WAIT_S)) states=""
   export SLURM_CONF="$CONF"
   while ((SECONDS < deadline)); do
-    states="$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)"
+    states="$(on_node 0 timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null || true)"
     if [ -n "$states" ] && [ "$(echo "$states" | grep -c ' idle$')" -eq "$NODES" ]; then
       log "cluster up: $NODES node(s) idle ($(echo "$states" | awk '{print $1}' | paste -sd,)); export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH"
       return 0
     fi
     # nodes that came back down (e.g. after an earlier stop) are resumed once
     echo "$states" | awk '$2 ~ /down|drain|drng/ {print $1}' | while read -r n; do
-      timeout 10 scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+      on_node 0 timeout 10 scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
     done
     sleep 1
   done
@@ -188,9 +232,10 @@ stop_pidfile() {
 stop_all() {
   if [ -f "$CONF" ] && pid_alive "$DIR/run/slurmctld.pid"; then
     # jobs first, and wait (bounded) until they are gone, so that no slurmstepd is left running a task
-    SLURM_CONF="$CONF" timeout 10 scancel --user="$(id -un)" >/dev/null 2>&1 || true
+    export SLURM_CONF="$CONF"
+    on_node 0 timeout 10 scancel --user="$(id -un)" >/dev/null 2>&1 || true
     local end=$((SECONDS + 20))
-    while ((SECONDS < end)) && [ -n "$(SLURM_CONF="$CONF" timeout 10 squeue -h -o %i 2>/dev/null || true)" ]; do sleep 1; done
+    while ((SECONDS < end)) && [ -n "$(on_node 0 timeout 10 squeue -h -o %i 2>/dev/null || true)" ]; do sleep 1; done
   fi
   local f
   for f in "$DIR"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
@@ -208,14 +253,22 @@ status() {
     else echo "$(basename "$f" .pid): not running (stale pid file)"; fi
   done
   if [ $any -eq 0 ]; then echo "local cluster not running ($DIR)"; return 3; fi
-  SLURM_CONF="$CONF" timeout 10 sinfo -N || true
+  SLURM_CONF="$CONF" on_node 0 timeout 10 sinfo -N || true
+  env_line
+}
+
+env_line() {
   echo "export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH"
+  [ ${#NETNS[@]} -gt 0 ] && echo "# clients run inside the first node's namespace: ip netns exec ${NETNS[0]} sbatch|srun|python ..."
+  return 0
 }
 
 case "${1:-}" in
   start)
     t0=$SECONDS
+    check_settings
     install_missing
+    check_netns
     write_config
     start_daemons
     wait_idle
@@ -223,6 +276,6 @@ case "${1:-}" in
     ;;
   stop) stop_all ;;
   status) status ;;
-  env) echo "export SLURM_CONF=$CONF PATH=$DIR/bin:\$PATH" ;;
+  env) env_line ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

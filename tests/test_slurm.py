@@ -1,7 +1,9 @@
 """Through a real Slurm: a local cluster (scripts/local_slurm.sh, two node names on this host) runs a
-2-point sweep with hydra/launcher=submitit_slurm, a 2-node x 2-task job (each task one Horovod worker,
-attached through cluster_env) and a failing point. The cluster is started once for the module (installing
-slurm-wlm and munge with apt-get when missing) and stopped afterwards, whatever happened."""
+2-point sweep with hydra/launcher=submitit_slurm, a failing point and a user's script under srun on 2
+nodes; a second cluster whose nodes are two network namespaces (one slurmd each) runs a 2-node x 2-task
+job over a shaped link (each task one Horovod worker, attached through cluster_env). The loopback cluster
+is started once for the module (installing slurm-wlm and munge with apt-get when missing), and each
+cluster is stopped afterwards, whatever happened."""
 import glob
 import json
 import os
@@ -89,26 +91,60 @@ def test_sweep_two_points(cluster, tmp_path):
     assert len(glob.glob(str(out / ".submitit" / "*_[01]" / "*_result.pkl"))) == 2
 
 
-def test_two_nodes_two_tasks(cluster, tmp_path):
-    out = tmp_path / "multirun"
-    proc = _sweep(cluster, out, "algorithm=ring", "trainer.devices=2", "hydra.launcher.nodes=2",
-                  "hydra.launcher.tasks_per_node=2", "hydra.launcher.cpus_per_task=1")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    _check(_summary(out / "0" / "summary.json"), "ring", 4)
-    # 4 tasks of one job over both nodes, each a worker: submitit's log line per task names its place
-    places = set()
+def _places_and_attach(out, rendezvous_re, iface):
+    """Each task's place (local rank, node, global rank) from submitit's log lines, checking the attach line:
+    task 0 hosts Horovod's rendezvous at ``rendezvous_re``, Gloo on ``iface``. Returns {place: node name}."""
+    places = {}
     for log in glob.glob(str(out / ".submitit" / "*" / "*_log.out")):
         with open(log) as f:
             text = f.read()
         m = re.search(r"local_rank=(\d)\(2\), node=(\d)\(2\), global_rank=(\d)\(4\)", text)
         assert m, log
-        places.add(tuple(int(g) for g in m.groups()))
-        # what the task attached with: task 0's rendezvous on the first node's (loopback) address, Gloo on lo
+        place = tuple(int(g) for g in m.groups())
         m = re.search(r"SLURM task (\d) of 4 \(local (\d) of 2\) on node (ls[12]): Horovod rendezvous "
-                      r"127\.0\.0\.1:\d+( \(hosted here\))?, Gloo on lo", text)
+                      + rendezvous_re + r":\d+( \(hosted here\))?, Gloo on " + iface, text)
         assert m, text[-2000:]
         assert (m.group(1) == "0") == bool(m.group(4))
-    assert places == {(0, 0, 0), (1, 0, 1), (0, 1, 2), (1, 1, 3)}
+        places[place] = m.group(3)
+    return places
+
+
+@pytest.mark.netns
+def test_two_nodes_two_tasks_on_two_namespaced_hosts(tmp_path):
+    """A 2-node x 2-task job where each Slurm node is its own host: two network namespaces on a bridge
+    (benchmarks/network.py), one slurmd in each, slurmctld in the first (local_slurm.sh with LS_SLURM_NETNS),
+    the sweep submitted from inside the first. Each task is one Horovod worker attached through cluster_env:
+    task 0's rendezvous on its node's address, Gloo on the namespace's eth0, and the gradients cross the
+    shaped link between the hosts (its byte counters), as between two machines."""
+    from benchmarks import network
+
+    why = _installable() or network.available()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "multirun"
+    with network.NamespacedHosts(2, network.LinkShape(200.0)) as net:
+        addrs = [net.address(h) for h in range(2)]
+        with network.slurm_on_hosts(net, str(tmp_path / "cluster"), port=17417) as env:
+            before = [net.bytes_sent(h) for h in range(2)]
+            cmd = [sys.executable, "-m", "lightning_straggler.train", "-m", "hydra/launcher=submitit_slurm", *FAST,
+                   "algorithm=ring", "trainer.devices=2", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2",
+                   "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={out}"]
+            started = time.monotonic()
+            proc = net.popen(0, cmd, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            _, stderr = proc.communicate(timeout=480)
+            print(f"\n[slurm] 2 nodes x 2 tasks on 2 namespaced hosts: {time.monotonic() - started:.1f} s", file=sys.stderr)
+            sent = [net.bytes_sent(h) - before[h] for h in range(2)]
+        names = net.names
+    assert not [ns for ns in network.namespaces() if ns in names]  # torn down
+    assert proc.returncode == 0, stderr[-4000:]
+    _check(_summary(out / "0" / "summary.json"), "ring", 4)
+    places = _places_and_attach(out, re.escape(addrs[0]), "eth0")
+    assert places == {(0, 0, 0): "ls1", (1, 0, 1): "ls1", (0, 1, 2): "ls2", (1, 1, 3): "ls2"}
+    # a ring across two hosts: each host's link carries 2(k-1)/k of the gradient per step (float32, the
+    # quick trainer's MLP 40-256-256-10), plus the rendezvous, validation and Slurm's own messages
+    params = 40 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    assert min(sent) >= STEPS * 1.5 * params * 4, sent
 
 
 def test_failing_point_reports_submitit_logs(cluster, tmp_path):
