@@ -162,6 +162,37 @@ def test_versus_best_divides_by_the_better_of_the_others_per_seed(tmp_path):
         versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa"])  # no such runs: named
 
 
+def test_versus_best_within_noise_takes_each_cells_target_from_ring_run_twice(tmp_path):
+    """--within-noise: the target of each cell is the lower end of ring#2 / ring's interval, recomputed here
+    from the _rep2 runs (and equal to what matrix.md reported as the cell's noise); the rule is met on the
+    median, the interval reading reported beside it; a grid without ring#2 runs is refused, naming why."""
+    from benchmarks import versus_best
+
+    results = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "matrix")
+    shutil.copy(os.path.join(results, "20261203-random36", "runs.jsonl"), tmp_path / "runs.jsonl")
+    cells = versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "ring", "awar", "boa", "dpar",
+                              "--within-noise"])
+    runs = versus_best.read_runs(str(tmp_path))
+    repeats = versus_best.read_runs(str(tmp_path), repeats=True)
+    assert sorted(repeats) == [("ring", "random36", n, sd) for n in (4, 8) for sd in range(5)]
+    assert [c["world_size"] for c in cells] == [4, 8]
+    for cell in cells:
+        n = cell["world_size"]
+        pairs = [repeats[("ring", "random36", n, sd)]["throughput_samples_per_s"]
+                 / runs[("ring", "random36", n, sd)]["throughput_samples_per_s"] for sd in range(5)]
+        assert cell["noise"] == stats.labelled(pairs)
+        assert cell["target"] == cell["noise"]["lo"] < 1.0
+        assert cell["target_met_by_median"] == (cell["ratio"]["median"] >= cell["noise"]["lo"])
+        assert cell["target_met"] == (cell["ratio"]["lo"] >= cell["noise"]["lo"])
+    # the same noise intervals matrix.md printed for this grid: 1.00 [0.97, 1.05] and 0.99 [0.93, 1.03]
+    assert [round(c["noise"]["lo"], 2) for c in cells] == [0.97, 0.93]
+    with open(tmp_path / "versus_best_adaptive.md") as f:
+        assert "noise 1.00 [0.97, 1.05]" in f.read()
+    shutil.copy(os.path.join(results, "20261203-mixtransient", "runs.jsonl"), tmp_path / "runs.jsonl")
+    with pytest.raises(SystemExit):
+        versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa", "--within-noise"])
+
+
 def test_recovery_is_the_share_of_rings_loss_to_the_ideal_won_back(tmp_path):
     """benchmarks.recovery on a committed grid: per seed (X - ring) / (ideal - ring) from the grid's
     summary.json (recomputed here), interval from stats.labelled against 0, target on the lower end, the
