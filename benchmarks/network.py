@@ -1,8 +1,8 @@
 """Hosts on one machine: network namespaces on a virtual bridge, their links shaped with ``tc``.
 
-    .venv/bin/python -m benchmarks.network check   [--hosts 2] [--rate-mbit 100] [--delay-ms 0.1]
+    .venv/bin/python -m benchmarks.network check   [--hosts 2] [--rate-mbit 100] [--delay-ms 0]
     .venv/bin/python -m benchmarks.network cleanup  # remove namespaces a crashed run left behind
-    .venv/bin/python -m benchmarks.network slurm [--hosts 2] [--rate-mbit 200] -- COMMAND  # Slurm node per host
+    .venv/bin/python -m benchmarks.network slurm [--hosts 2] [--rate-mbit R] [--timeout-s 1800] -- COMMAND  # a Slurm node per host
 
 Layout (everything inside namespaces this module creates; the machine's own namespace is not touched):
 
@@ -489,7 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check.add_argument("--megabytes", type=int, default=8)
     slurm = sub.add_parser("slurm", help="make the hosts, run a Slurm cluster with one node per host "
                            "(scripts/local_slurm.sh), run a command inside host 0, stop, tear down")
-    slurm.add_argument("--hosts", type=int, default=2, help="hosts = Slurm nodes (1-4)")
+    slurm.add_argument("--hosts", type=int, default=2, help="hosts = Slurm nodes (1-16)")
     slurm.add_argument("--rate-mbit", type=float, default=None, help="shape every host's link (default: unshaped)")
     slurm.add_argument("--delay-ms", type=float, default=0.0)
     slurm.add_argument("--port", type=int, default=16817, help="slurmctld's port; slurmd's follow it")

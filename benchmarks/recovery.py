@@ -2,7 +2,7 @@
 
 Rule (fixed before the random-slowdown grid it was written for had results): in each (world size,
 scenario, seed) block the matrix gives ring's throughput, the algorithm's, and the block's ideal (the
-sum-of-rates ideal of README "Benchmark matrix", the same number for every algorithm of the block, since it
+sum-of-rates ideal of README ("The ideal", under Benchmarks), the same number for every algorithm of the block, since it
 depends on the schedule only). What ring loses is ``ideal - ring``; the algorithm recovers
 
     recovered = (X - ring) / (ideal - ring)

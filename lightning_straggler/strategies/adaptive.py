@@ -8,15 +8,15 @@ and feeds them, in the same order, to ``policies/adaptive.SpeedChangeDetector``.
 speed changes (``react_ratio`` x slower or faster than its own recent per-sample time for
 ``react_steps`` steps in a row) its older points are dropped and rank 0 re-plans at once with BOA's
 solver (``policies/boa.rebalance_decision``: time models, worker-set tuning, gain gate) and broadcasts
-the plan, which takes effect at the first step no rank's loader has drawn (Lightning prefetches one
-batch: two steps on). Every ``window_steps`` it re-plans as BOA does, on the same per-step points. A
+the plan, which takes effect at the first step no rank's loader has drawn (the next step when the
+loader draws batch by batch; later when DataLoader workers prefetch). Every ``window_steps`` it re-plans as BOA does, on the same per-step points. A
 collapsed worker gets few samples or, with ``tune_workers`` (on by default here), none: it steps on a
 one-sample placeholder with weight 0 until its measured speed recovers, when the next re-plan gives it
 samples again.
 
 What it does not do (README "adaptive"): close a step at a deadline without a late worker's gradients
 (eager-SGD's partial collectives). The group waits for a collapsed worker's ``react_steps`` slow steps
-and for the two steps until the new plan applies; a frozen worker is the watchdog's (it is named and the
+and for the steps its loader has already drawn; a frozen worker is the watchdog's (it is named and the
 job restarts without it).
 """
 from __future__ import annotations

@@ -37,7 +37,7 @@ class GlobalBatchSampler(Sampler[List[int]]):
     def __init__(self, num_samples: int, rank: int, schedule: AllocationSchedule, seed: int = 0) -> None:
         self.num_samples, self.rank, self.schedule, self.seed = num_samples, rank, schedule, seed
         self.epoch = 0
-        self.next_step = 0  # global step of the next batch to yield (Lightning prefetches one ahead)
+        self.next_step = 0  # global step of the next batch to yield (ahead of training when the loader prefetches)
         self.placeholders = 0
         self.skip = 0  # batches of the next epoch already trained on before a resume
 
