@@ -147,6 +147,28 @@ def test_two_nodes_two_tasks_on_two_namespaced_hosts(tmp_path):
     assert min(sent) >= STEPS * 1.5 * params * 4, sent
 
 
+@pytest.mark.netns
+def test_the_slurm_command_runs_inside_the_first_host_and_passes_its_exit_code(capfd):
+    """``python -m benchmarks.network slurm --hosts 2 -- CMD``: CMD runs inside the first namespaced host
+    (its own address there, both Slurm nodes up and reachable), its exit code is the command's, and the
+    cluster and the hosts are gone afterwards."""
+    from benchmarks import network
+
+    why = _installable() or network.available()
+    if why:
+        pytest.skip(why)
+    before = set(network.namespaces())
+    script = "hostname -I; sinfo -h -N -o '%N %t'; exit 3"
+    rc = network.main(["slurm", "--hosts", "2", "--port", "17517", "--timeout-s", "120", "--", "sh", "-c", script])
+    out, err = capfd.readouterr()
+    assert rc == 3, err[-2000:]
+    assert "10.77.0.1" in out.split()  # inside host 0
+    nodes = dict(line.split() for line in out.splitlines() if line.startswith("ls"))
+    assert set(nodes) == {"ls1", "ls2"} and all(state in ("idle", "mix", "alloc") for state in nodes.values()), out
+    assert "cluster stopped, hosts torn down" in err
+    assert set(network.namespaces()) <= before
+
+
 def test_failing_point_reports_submitit_logs(cluster, tmp_path):
     out = tmp_path / "multirun"
     proc = _sweep(cluster, out, "algorithm=ring", "trainer.devices=2", "trainer.stall_timeout_s=1", timeout=300)
