@@ -329,6 +329,22 @@ def test_adaptive_replans_within_react_steps_of_a_collapse_and_of_the_recovery_a
             assert torch.allclose(got, ref, atol=1e-5)
 
 
+def test_adaptive_does_not_count_waiting_for_a_straggler_as_all_reduce_time():
+    """Rank 3 is 10x slow from the first step. The fast ranks' all-reduce time then includes waiting for it;
+    counted as communication it made worker-set tuning predict that a step with one worker (no all-reduce)
+    beats three (the N4 permanent10x grid of 2026-12-04: [0, 0, 128, 0] for 48 steps). The first window
+    re-plan must give the three fast ranks the whole global batch, evenly within a sample, and rank 3 none."""
+    slow = lambda r, s: 0.02 if r == 3 else 0.002  # noqa: E731  (seconds per sample)
+    make = lambda comm: AdaptiveStrategy(comm=comm, window_steps=5, global_batch=24)  # noqa: E731
+    out = fit_in_process(4, make, steps=8, delay=slow, per_sample=True)
+    events = out[0]["events"]
+    assert all(o["events"] == events for o in out)
+    replans = [e for e in events if e["kind"] == "rebalance"]
+    assert replans and replans[0]["step"] == 4, replans
+    sizes = replans[0]["batch_sizes"]
+    assert sizes[3] == 0 and sum(sizes) == 24 and min(sizes[:3]) >= 7, sizes
+
+
 @pytest.mark.parametrize("world, seed", [(4, s) for s in range(6)] + [(8, s) for s in range(2)])
 def test_adaptive_random_straggler_schedules_finish_exact_with_every_rank_deciding_alike(world, seed):
     """Random slow episodes (per sample, seeded), window re-plans every 5 steps, validation every 7: every rank

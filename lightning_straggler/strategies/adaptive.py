@@ -63,6 +63,7 @@ class AdaptiveStrategy(BoaStrategy):
         self.react_steps, self.react_ratio, self.history_steps = react_steps, react_ratio, history_steps
         self.detector: Optional[SpeedChangeDetector] = None  # made at set-up (needs the world size)
         self._changed: list = []  # ranks whose speed changed at the step just taken
+        self._wait_s: dict = {}  # step -> this rank's wait for the slowest rank's compute at that step
 
     @override
     def setup(self, trainer) -> None:
@@ -76,7 +77,19 @@ class AdaptiveStrategy(BoaStrategy):
         times[self.global_rank] = self.current_step_compute_s()
         self.comm.allreduce_grouped_(grads + [times], op="sum", tag="grads")  # the times ride along: summed slots
         computed = [max(b, 1) for b in self.schedule.at(self.steps_done)]  # a left-out worker: one placeholder
-        self._changed = self.detector.observe(computed, times.tolist())
+        seconds = times.tolist()
+        self._changed = self.detector.observe(computed, seconds)
+        self._wait_s[self.steps_done] = max(seconds) - seconds[self.global_rank]
+        self._wait_s.pop(self.steps_done - 4 * max(self.window_steps, self.history_steps), None)
+
+    @override
+    def _allreduce_cost_s(self) -> float:
+        # The transfer alone: this rank's all-reduce time less its wait for the slowest rank's compute (known
+        # here: every rank's compute time rides on the all-reduce). BOA's raw minimum counts a straggler that
+        # is slow at every step as communication, and worker-set tuning then drops healthy workers to save it.
+        recent = self.recorder.records[-max(self.window_steps, self.react_steps):]
+        net = [max(0.0, r.comm_s - self._wait_s.get(r.step, 0.0)) for r in recent]
+        return min(net) if net else 0.0
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
