@@ -8,6 +8,8 @@ is what a resume must carry over. Their events must then be identical except the
 local steps (how many it finished before the group's signal is timing: ``discarded_local_steps``, AWAR's
 ``updates``/``samples``/``weights``).
 """
+import io
+
 import lightning.pytorch as pl
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.data import synthetic_arrays
 from lightning_straggler.models import Classifier
 from lightning_straggler.policies.injection import SlowdownEvent, StaticSchedule, TransientSchedule
-from lightning_straggler.profiling import StepRecorder
+from lightning_straggler.profiling import StepRecord, StepRecorder
 from tests.helpers import RankSpread, flat_params
 
 pytestmark = pytest.mark.multiprocess
@@ -139,7 +141,7 @@ def test_resume_gives_identical_parameters(name, tmp_path):
             # constructed times alone, as boa's above)
             return ConstructedAdaptive(window_steps=5, react_steps=2, tune_workers=False, time_schedule=collapse)
         k = 13
-    straight, straight_events, resumed, events, trainer, _ = straight_and_resumed(make, k, tmp_path)
+    straight, straight_events, resumed, events, trainer, ckpt = straight_and_resumed(make, k, tmp_path)
     assert torch.equal(flat_params(straight), flat_params(resumed)), (flat_params(straight) - flat_params(resumed)).abs().max()
     assert (flat_params(straight) - flat_params(make_model())).abs().max() > 1e-3  # it trained
     assert trainer.callback_metrics["rank_param_spread"].item() == 0
@@ -149,6 +151,12 @@ def test_resume_gives_identical_parameters(name, tmp_path):
     if name == "adaptive":
         changes = [(e["step"], e["changed_ranks"]) for e in events if e["kind"] == "rebalance" and e["changed_ranks"]]
         assert changes[0] == (13, [3]), events
+        # each rank saves the records its all-reduce cost reads (the last window_steps=5), not all 13 since the
+        # start, and its wait for the slowest rank at those steps (the cost is net of it after a resume too)
+        for blob in torch.load(ckpt, weights_only=True)["lightning_straggler"]["ranks"]:
+            state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)  # as the strategy reads it
+            steps = [StepRecord.from_row(row).step for row in state["boa"]["window"]]
+            assert len(steps) == 5 and sorted(state["adaptive_wait_s"]) == sorted(steps), state
 
 
 SCHEDULE = TransientSchedule([SlowdownEvent(3, 3.0, 5, 20), SlowdownEvent(1, 3.0, 25, 35)])

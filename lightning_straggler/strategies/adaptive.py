@@ -87,9 +87,11 @@ class AdaptiveStrategy(BoaStrategy):
         # The transfer alone: this rank's all-reduce time less its wait for the slowest rank's compute (known
         # here: every rank's compute time rides on the all-reduce). BOA's raw minimum counts a straggler that
         # is slow at every step as communication, and worker-set tuning then drops healthy workers to save it.
-        recent = self.recorder.records[-max(self.window_steps, self.react_steps):]
-        net = [max(0.0, r.comm_s - self._wait_s.get(r.step, 0.0)) for r in recent]
+        net = [max(0.0, r.comm_s - self._wait_s.get(r.step, 0.0)) for r in self._allreduce_cost_records()]
         return min(net) if net else 0.0
+
+    def _allreduce_cost_records(self) -> list:
+        return self.recorder.records[-max(self.window_steps, self.react_steps):]
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -120,7 +122,13 @@ class AdaptiveStrategy(BoaStrategy):
     @override
     def strategy_state(self) -> dict:
         state = super().strategy_state()
+        # BOA saves its open window; adaptive never closes one (its plans come from the detector), so keep only
+        # the records the all-reduce cost reads, with their waits: a checkpoint does not grow with the run and
+        # the first plan after a resume nets out the wait as the straight run does.
+        keep = self._allreduce_cost_records()
+        state["boa"]["window"] = [r.as_row() for r in keep]
         state["adaptive"] = self.detector.to_dict() if self.detector is not None else None
+        state["adaptive_wait_s"] = {int(r.step): float(self._wait_s[r.step]) for r in keep if r.step in self._wait_s}
         return state
 
     @override
@@ -128,6 +136,7 @@ class AdaptiveStrategy(BoaStrategy):
         super().load_strategy_state(state)
         if state.get("adaptive") is not None and self.detector is not None:
             self.detector.restore(state["adaptive"])
+        self._wait_s = {int(k): float(v) for k, v in state.get("adaptive_wait_s", {}).items()}
 
 
 __all__ = ["AdaptiveStrategy"]
