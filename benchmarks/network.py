@@ -447,7 +447,10 @@ def _slurm(args) -> int:
             try:
                 rc = proc.wait(timeout=args.timeout_s)
             except subprocess.TimeoutExpired:
-                print(f"[network] the command ran past --timeout-s {args.timeout_s:g}; ended", file=sys.stderr)
+                # ended now, before the cluster stops under it (its session: srun and what it started)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                print(f"[network] the command ran past --timeout-s {args.timeout_s:g}; killed", file=sys.stderr)
                 rc = 124
     print("[network] cluster stopped, hosts torn down", file=sys.stderr)
     return rc

@@ -162,7 +162,7 @@ def test_versus_best_divides_by_the_better_of_the_others_per_seed(tmp_path):
         versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa"])  # no such runs: named
 
 
-def test_versus_best_within_noise_takes_each_cells_target_from_ring_run_twice(tmp_path):
+def test_versus_best_within_noise_takes_each_cells_target_from_ring_run_twice(tmp_path, capsys):
     """--within-noise: the target of each cell is the lower end of ring#2 / ring's interval, recomputed here
     from the _rep2 runs (and equal to what matrix.md reported as the cell's noise); the rule is met on the
     median, the interval reading reported beside it; a grid without ring#2 runs is refused, naming why."""
@@ -189,8 +189,11 @@ def test_versus_best_within_noise_takes_each_cells_target_from_ring_run_twice(tm
     with open(tmp_path / "versus_best_adaptive.md") as f:
         assert "noise 1.00 [0.97, 1.05]" in f.read()
     shutil.copy(os.path.join(results, "20261203-mixtransient", "runs.jsonl"), tmp_path / "runs.jsonl")
-    with pytest.raises(SystemExit):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
         versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa", "--within-noise"])
+    assert refused.value.code == 2
+    assert "--within-noise:" in (err := capsys.readouterr().err) and "has no ring#2 runs" in err, err
 
 
 def test_recovery_is_the_share_of_rings_loss_to_the_ideal_won_back(tmp_path):

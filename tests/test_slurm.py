@@ -193,3 +193,22 @@ def test_srun_by_hand(cluster):
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     assert all(r["world"] == 4 and r["steps"] == 5 and r["launcher"] == "NoneType" for r in results)
     assert all(r["params"] == pytest.approx(results[0]["params"], abs=1e-7) for r in results)
+
+
+@pytest.mark.netns
+def test_the_slurm_command_past_its_timeout_is_killed_and_gives_124(capfd):
+    """``--timeout-s``: a command still running then is killed at once (before the cluster stops under it),
+    the exit code is 124 and says so, and the hosts are gone afterwards."""
+    from benchmarks import network
+
+    why = _installable() or network.available()
+    if why:
+        pytest.skip(why)
+    before = set(network.namespaces())
+    start = time.monotonic()
+    rc = network.main(["slurm", "--hosts", "2", "--port", "17519", "--timeout-s", "3", "--", "sleep", "600"])
+    _, err = capfd.readouterr()
+    assert rc == 124, err[-2000:]
+    assert "ran past --timeout-s 3; killed" in err
+    assert time.monotonic() - start < 300  # not the command's 600 s
+    assert set(network.namespaces()) <= before

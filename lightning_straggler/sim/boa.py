@@ -4,9 +4,11 @@ Per step: worker i computes its b_i samples (an excluded worker a one-sample pla
 all-reduce over all N of the weighted gradients: step time = max_i compute_i(b_i) + allreduce(N) +
 loop_overhead. Every ``window_steps`` steps rank 0 gathers the window's (batch, compute) records,
 fits one time model per worker, solves, and switches allocation when the predicted gain exceeds
-``rebalance_gain``; the new allocation applies from two steps later (the step no data loader has
-drawn yet: Lightning prefetches one batch). That exchange costs an all-gather and a broadcast of a
-few bytes.
+``rebalance_gain``; the new allocation applies here from two steps later. The strategy applies it
+from the next step (the first its sampler has not drawn: ``from_step`` = step + 1 in measured runs'
+"rebalance" events), so this model keeps the old allocation one step longer per re-plan; left so
+because the committed projections and simulator validation were made with it. That exchange costs
+an all-gather and a broadcast of a few bytes.
 
 The decisions are the strategy's own, from ``policies/boa.py``: the initial split
 (``initial_allocation``), the re-planning at a window's end (``rebalance_decision``: each worker's
