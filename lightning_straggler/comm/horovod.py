@@ -14,10 +14,15 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
   (``0.28.1+ls<hash of the patches>``), which :meth:`HorovodCollectives.join_is_fixed` reads.
 - ``hvd.add_process_set`` is a collective over all ranks and raises for a rank list that already
   exists, so sets are created only through :meth:`ensure_groups` and cached by rank tuple.
+- ``hvd.synchronize`` waits in a ``sched_yield`` loop (``WaitAndClear``, seen with ``py-spy dump --native``):
+  each waiting rank keeps a core busy. With more workers than cores that spin takes the CPU the background
+  threads need to move the data; ring ran at 0.6-0.75 x Lightning's ddp at 4 workers on 2 cores that way.
+  Collectives here start asynchronously and wait by polling with short sleeps (:func:`_wait`).
 """
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
@@ -41,6 +46,25 @@ def _hvd():
     import horovod.torch as hvd  # imported lazily: the launcher process never needs it
 
     return hvd
+
+
+POLL_FIRST_S, POLL_MAX_S = 5e-5, 5e-4  # sleeps between polls: doubling up to 0.5 ms (the latency it may add)
+
+
+def _wait(hvd, handle):
+    """The result of an asynchronous Horovod operation, waiting with sleeps instead of Horovod's spin."""
+    delay = POLL_FIRST_S
+    while not hvd.poll(handle):
+        time.sleep(delay)
+        delay = min(2 * delay, POLL_MAX_S)
+    return hvd.synchronize(handle)
+
+
+def _differentiable(tensor) -> bool:
+    # Horovod's blocking calls are autograd functions (Lightning's all_gather(sync_grads=True) needs that)
+    import torch
+
+    return tensor.requires_grad and torch.is_grad_enabled()
 
 
 class _JoinHandle:
@@ -143,25 +167,33 @@ class HorovodCollectives(Collectives):
     # --- collectives ----------------------------------------------------------------------------
     def allreduce(self, tensor, op="mean", group=None, tag="allreduce"):
         name, ps = self._name(tag, group)
+        hvd = _hvd()
         with waiting(name):
-            return _hvd().allreduce(tensor, op=self._op(op), name=name, process_set=ps)
+            if _differentiable(tensor):
+                return hvd.allreduce(tensor, op=self._op(op), name=name, process_set=ps)
+            return _wait(hvd, hvd.allreduce_async(tensor, op=self._op(op), name=name, process_set=ps))
 
     def allreduce_grouped_(self, tensors, op="mean", group=None, tag="grads"):
         if not tensors:
             return
         name, ps = self._name(tag, group)
+        hvd = _hvd()
         with waiting(name):
-            _hvd().grouped_allreduce_(list(tensors), op=self._op(op), name=name, process_set=ps)
+            _wait(hvd, hvd.grouped_allreduce_async_(list(tensors), op=self._op(op), name=name, process_set=ps))
 
     def allgather(self, tensor, group=None, tag="allgather"):
         name, ps = self._name(tag, group)
+        hvd = _hvd()
         with waiting(name):
-            return _hvd().allgather(tensor, name=name, process_set=ps)
+            if _differentiable(tensor):
+                return hvd.allgather(tensor, name=name, process_set=ps)
+            return _wait(hvd, hvd.allgather_async(tensor, name=name, process_set=ps))
 
     def broadcast_(self, tensor, root, group=None, tag="broadcast"):
         name, ps = self._name(tag, group)
+        hvd = _hvd()
         with waiting(name):
-            return _hvd().broadcast_(tensor, root_rank=root, name=name, process_set=ps)
+            return _wait(hvd, hvd.broadcast_async_(tensor, root_rank=root, name=name, process_set=ps))
 
     def broadcast_object(self, obj, root=0, group=None, tag="object"):
         name, ps = self._name(tag, group)
