@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -83,8 +83,16 @@ class RandomSchedule(StragglerSchedule):
         self.factor_min, self.factor_max = float(factor_min), float(factor_max)
         self.duration_min, self.duration_max = int(duration_min), int(duration_max)
         self.window_steps = int(window_steps)
+        # draws are pure in (rank, window); kept because factor() asks for the same few windows at every step
+        self._drawn: Dict[Tuple[int, int], Optional[SlowdownEvent]] = {}
 
     def event(self, rank: int, window: int) -> Optional[SlowdownEvent]:
+        key = (int(rank), int(window))
+        if key not in self._drawn:
+            self._drawn[key] = self._draw(*key)
+        return self._drawn[key]
+
+    def _draw(self, rank: int, window: int) -> Optional[SlowdownEvent]:
         rng = np.random.default_rng([self.seed, rank, window])
         slow, f, d = rng.random(), rng.random(), rng.integers(self.duration_min, self.duration_max + 1)
         if slow >= self.probability:
