@@ -41,6 +41,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import (
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_straggler import watchdog
+from lightning_straggler.errors import WorkerFailure  # noqa: F401  (re-exported: raised here)
 from lightning_straggler.worker_start import WORKER_START_METHOD, set_server_preload  # noqa: F401  (re-exported)
 from lightning_straggler.watchdog import BUSY_FACTOR, CollectiveBoard, main_thread_cpu, process_stopped
 
@@ -61,22 +62,6 @@ CONSEQUENCES = (
 )
 _BUSY_WINDOW_S = 3.0  # a rank whose main thread used CPU this recently is busy, not stuck
 _GRACE_S = 5.0  # how long the survivors get to end by themselves before SIGTERM (then as long before SIGKILL)
-
-
-class WorkerFailure(RuntimeError):
-    """The job ended because a worker died, raised, stalled in a collective or ran over the time limit.
-
-    ``kind`` is ``died`` (signal or exit code), ``raised`` (an exception in the worker), ``stall`` or
-    ``timeout``; ``rank`` is the rank to blame (``None`` when no single rank is); ``dead_ranks`` are the
-    workers a restart has to go on without; ``reports`` how each worker ended, in the order the launcher
-    saw them (empty for a stall or a time-out).
-    """
-
-    def __init__(self, message: str, kind: str, rank: Optional[int], reason: str, dead_ranks: List[int],
-                 reports: Sequence["Report"] = ()) -> None:
-        super().__init__(message)
-        self.kind, self.rank, self.reason, self.dead_ranks = kind, rank, reason, list(dead_ranks)
-        self.reports = list(reports)
 
 
 @dataclass

@@ -20,7 +20,6 @@ from lightning_straggler.worker_start import end_early_fork_server, start_fork_s
 if __name__ == "__main__":  # before the imports below: the fork server imports torch alongside them
     start_fork_server_early(sys.argv[1:])
 
-from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 from omegaconf import DictConfig
 
 # Importing the config module registers the group schemas with Hydra's ConfigStore.
@@ -81,7 +80,7 @@ def train(cfg: Any, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
 
     ``callbacks`` are added to the Trainer's. With ``trainer.restart_on_failure`` > 0, a job whose worker died goes on from
     ``<output_dir>/checkpoints/last.ckpt`` without the dead workers, up to that many times."""
-    from lightning_straggler.launcher import WorkerFailure
+    from lightning_straggler.errors import WorkerFailure
 
     checked = load_config(cfg)  # raises ConfigError before any worker starts
     from omegaconf import OmegaConf
@@ -124,23 +123,6 @@ def train(cfg: Any, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
                   f"{ckpt_path or 'the start (no checkpoint yet)'}", file=sys.stderr, flush=True)
 
 
-class _AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes next to the target and renames: Lightning's own save goes through a temporary file in the
-    system temp directory, which is a copy, not a rename, when that is another filesystem."""
-
-    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
-        import torch
-
-        path = os.fspath(path)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-
-
 def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], callbacks: Sequence[Any],
                 job_deadline: Optional[float] = None) -> Dict[str, Any]:
     import lightning.pytorch as pl
@@ -149,6 +131,7 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
 
     import lightning_straggler  # noqa: F401  (registers the strategies)
     from lightning_straggler.callbacks import StragglerInjector, WorkerProfiler
+    from lightning_straggler.checkpoint_io import AtomicCheckpointIO
     from lightning_straggler.data import ArrayDataModule
     from lightning_straggler.models import Classifier
     from lightning_straggler.summary import build_summary, write_summary
@@ -175,7 +158,7 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar, gradient_clip_val=t.gradient_clip_val,
         callbacks=[profiler, injector, checkpoints, *callbacks], logger=CSVLogger(out, name="logs"),
-        default_root_dir=out, enable_model_summary=False, plugins=[_AtomicCheckpointIO()],
+        default_root_dir=out, enable_model_summary=False, plugins=[AtomicCheckpointIO()],
     )
     print(f"[lightning-straggler] algorithm={cfg.algorithm.name} workers={t.devices} "
           f"straggler={cfg.straggler.scenario} data={cfg.data.name} output={out}", flush=True)
@@ -231,7 +214,7 @@ def _submitit_logs() -> Optional[str]:
 def _hydra_main() -> None:
     import hydra
 
-    from lightning_straggler.launcher import WorkerFailure
+    from lightning_straggler.errors import WorkerFailure
 
     conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 

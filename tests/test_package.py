@@ -51,3 +51,15 @@ def test_strategy_classes_load_on_first_use():
     out = _run("import sys, lightning_straggler as L; before = 'lightning' in sys.modules; "
                "cls = L.DparStrategy; print(before, cls.strategy_name, 'lightning' in sys.modules)")
     assert out == "False dpar True"
+
+
+def test_a_refused_command_line_loads_neither_torch_nor_lightning(tmp_path):
+    """The command line validates before it imports the training stack: a wrong setting is refused in
+    well under a second, not after Lightning's few seconds of imports."""
+    out = _run("import sys, runpy\n"
+               f"sys.argv = ['train', 'trainer.devices=0', 'output_dir={tmp_path}']\n"
+               "try:\n"
+               "    runpy.run_module('lightning_straggler.train', run_name='__main__')\n"
+               "except SystemExit as e:\n"
+               "    print(e.code, sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
+    assert out == "2 []"
