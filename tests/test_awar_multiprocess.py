@@ -18,6 +18,7 @@ pytestmark = pytest.mark.multiprocess
 # at 8 real Horovod ranks in tests/test_partial_group_multiprocess.py.
 
 
+@pytest.mark.exclusive  # bounds a wait in seconds: nothing else runs beside it under pytest -n 2
 def test_weighted_average_matches_the_closed_form_and_the_group_waits_at_most_a_straggler_step():
     # rank 3 is 10x slower: 2 ms/sample x 8 samples x 10 = 160 ms of emulated device time per step
     injector = StragglerInjector(TransientSchedule([SlowdownEvent(3, 10.0, 0, None)]), device_ms_per_sample=2.0)

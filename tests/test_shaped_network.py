@@ -30,6 +30,7 @@ def _ours():
     return [ns for ns in network.namespaces() if ns.startswith(mine)] + [f for f in folders if f.startswith(mine)]
 
 
+@pytest.mark.exclusive  # times against a prediction: nothing else runs beside it under pytest -n 2
 def test_allreduce_time_grows_as_the_bandwidth_predicts(tmp_path):
     # Prediction (ring_allreduce_predicted_s): 2(k-1)/k x 2 MiB over each host's link. Bounds: no faster than
     # 0.9x the prediction (the link cannot be beaten; the token bucket's burst lets at most ~3% of the data
