@@ -255,11 +255,12 @@ def wait_for(addr: str, port: int, timeout_s: float) -> None:
 _server = None  # task 0's rendezvous server, kept for the process's lifetime
 
 
-def attach_env(layout: TaskLayout, addr: str, port: int, iface: str, stall_timeout_s: float) -> Dict[str, str]:
+def attach_env(layout: TaskLayout, addr: str, port: int, iface: str, stall_timeout_s: float,
+               cycle_time_ms: Optional[float] = None) -> Dict[str, str]:
     """Horovod's variables for one task (what horovodrun would set), on top of a local launch's."""
     from lightning_straggler.launcher import horovod_worker_env
 
-    env = horovod_worker_env(layout.rank, layout.size, port, stall_timeout_s)
+    env = horovod_worker_env(layout.rank, layout.size, port, stall_timeout_s, cycle_time_ms)
     env.update({
         "HOROVOD_HOSTNAME": layout.hostname,
         "HOROVOD_LOCAL_RANK": str(layout.local_rank), "HOROVOD_LOCAL_SIZE": str(layout.local_size),
@@ -269,7 +270,8 @@ def attach_env(layout: TaskLayout, addr: str, port: int, iface: str, stall_timeo
     return env
 
 
-def attach(stall_timeout_s: float = 300.0, env: Optional[Dict[str, str]] = None) -> Optional[TaskLayout]:
+def attach(stall_timeout_s: float = 300.0, env: Optional[Dict[str, str]] = None,
+           cycle_time_ms: Optional[float] = None) -> Optional[TaskLayout]:
     """If this process is a task of a multi-task ``srun`` step, set Horovod's variables in ``env``
     (``os.environ``), start the rendezvous server on task 0 or wait for it on the others, and return the
     layout; else do nothing and return ``None``. Idempotent within a process."""
@@ -291,7 +293,7 @@ def attach(stall_timeout_s: float = 300.0, env: Optional[Dict[str, str]] = None)
                                   f"the first node of the step (or set LS_RENDEZVOUS_ADDR / LS_RENDEZVOUS_PORT)") from e
     elif layout.rank != 0:
         wait_for(addr, port, float(env.get("LS_RENDEZVOUS_WAIT_S", "300")))
-    env.update(attach_env(layout, addr, port, iface, stall_timeout_s))
+    env.update(attach_env(layout, addr, port, iface, stall_timeout_s, cycle_time_ms))
     log.info("SLURM task %d of %d (local %d of %d) on node %s: Horovod rendezvous %s:%d%s, Gloo on %s",
              layout.rank, layout.size, layout.local_rank, layout.local_size, layout.hostname, addr, port,
              " (hosted here)" if layout.rank == 0 else "", iface)

@@ -362,6 +362,18 @@ def check_stall_timeout(stall_timeout_s: float) -> None:
         raise ValueError(f"stall_timeout_s must be in [{low:g}, {high:g}] seconds (got {stall_timeout_s!r})")
 
 
+# Horovod's background cycle (HOROVOD_CYCLE_TIME, milliseconds; Horovod's default is 1).
+CYCLE_TIME_RANGE = (0.1, 1000.0)
+
+
+def check_cycle_time(cycle_time_ms: Optional[float]) -> None:
+    """The strategies' constructor check of ``horovod_cycle_time_ms`` (``trainer.horovod_cycle_time_ms``)."""
+    low, high = CYCLE_TIME_RANGE
+    if cycle_time_ms is not None and not (_finite(cycle_time_ms) and low <= cycle_time_ms <= high):
+        raise ValueError(f"horovod_cycle_time_ms must be None or in [{low:g}, {high:g}] milliseconds "
+                         f"(got {cycle_time_ms!r})")
+
+
 @dataclass
 class TrainerConfig:
     accelerator: str = "cpu"
@@ -377,6 +389,7 @@ class TrainerConfig:
     checkpoint_every_n_steps: int = 0  # also write last.ckpt every N optimizer steps (0 = epoch ends only)
     restart_on_failure: int = 0  # restart from last.ckpt without the dead workers, up to N times
     nonfinite: str = "error"  # a non-finite loss or gradient on a rank: error (stop, naming the rank) | skip (the step)
+    horovod_cycle_time_ms: Optional[float] = None  # Horovod's coordination cycle for started workers (None: its own)
 
     def validate(self) -> None:
         _check(self.accelerator in ("cpu", "gpu", "cuda"), "trainer.accelerator", "one of cpu, gpu, cuda", self.accelerator)
@@ -395,6 +408,9 @@ class TrainerConfig:
         _check(self.log_every_n_steps >= 1, "trainer.log_every_n_steps", ">= 1", self.log_every_n_steps)
         _check(STALL_TIMEOUT_RANGE[0] <= self.stall_timeout_s <= STALL_TIMEOUT_RANGE[1], "trainer.stall_timeout_s",
                "in [%g, %g] seconds" % STALL_TIMEOUT_RANGE, self.stall_timeout_s)
+        _check(self.horovod_cycle_time_ms is None or (_finite(self.horovod_cycle_time_ms) and CYCLE_TIME_RANGE[0]
+               <= self.horovod_cycle_time_ms <= CYCLE_TIME_RANGE[1]), "trainer.horovod_cycle_time_ms",
+               "null (Horovod's own, 1 ms) or in [%g, %g] milliseconds" % CYCLE_TIME_RANGE, self.horovod_cycle_time_ms)
         _check(self.job_timeout_s == 0 or self.job_timeout_s >= 10, "trainer.job_timeout_s",
                "0 (no limit) or >= 10 seconds", self.job_timeout_s)
         _check(self.checkpoint_every_n_steps >= 0, "trainer.checkpoint_every_n_steps", ">= 0 (0 = epoch ends only)",

@@ -272,8 +272,10 @@ def backstop_timeout_s(stall_timeout_s: float) -> int:
     return int((BUSY_FACTOR + 1) * stall_timeout_s + 30)
 
 
-def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) -> Dict[str, str]:
-    """Environment for local rank ``rank`` of a one-host Gloo job."""
+def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float,
+                       cycle_time_ms: Optional[float] = None) -> Dict[str, str]:
+    """Environment for local rank ``rank`` of a one-host Gloo job (``cycle_time_ms``: Horovod's coordination
+    cycle, ``HOROVOD_CYCLE_TIME``; ``None`` leaves it as the environment has it)."""
     env = {
         "HOROVOD_HOSTNAME": "localhost",
         "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
@@ -290,6 +292,8 @@ def horovod_worker_env(rank: int, size: int, port: int, stall_timeout_s: float) 
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(backstop_timeout_s(stall_timeout_s)),
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(backstop_timeout_s(stall_timeout_s)),
     }
+    if cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
     return env
 
 
@@ -501,7 +505,8 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
     def _wrapping_function(self, process_idx: int, trainer, function: Callable, args: Any, kwargs: Any,
                            *rest: Any) -> None:
         enter_worker(self._launch_env)
-        os.environ.update(horovod_worker_env(process_idx, self._strategy.num_processes, self._port, self._stall_timeout_s))
+        os.environ.update(horovod_worker_env(process_idx, self._strategy.num_processes, self._port, self._stall_timeout_s,
+                                            getattr(self._strategy, "horovod_cycle_time_ms", None)))
         watchdog.watch(self._board, process_idx)
         args, kwargs = private_module_copies(self._start_method, self._strategy, args, kwargs)
         try:

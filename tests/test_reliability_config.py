@@ -13,6 +13,9 @@ from lightning_straggler.train import shrink_config
     ("checkpoint_every_n_steps", -1, "trainer.checkpoint_every_n_steps must be >= 0"),
     ("restart_on_failure", 4, "trainer.restart_on_failure must be in 0..3"),
     ("restart_on_failure", -1, "trainer.restart_on_failure must be in 0..3"),
+    ("horovod_cycle_time_ms", 0, "trainer.horovod_cycle_time_ms must be null (Horovod's own, 1 ms) or in [0.1, 1000]"),
+    ("horovod_cycle_time_ms", 5000, "trainer.horovod_cycle_time_ms must be null (Horovod's own, 1 ms) or in [0.1, 1000]"),
+    ("horovod_cycle_time_ms", float("nan"), "trainer.horovod_cycle_time_ms must be null"),
 ])
 def test_bad_values_name_the_setting_and_the_range(setting, value, words):
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
@@ -43,3 +46,24 @@ def test_shrink_config_keeps_the_survivors_stragglers():
     assert shrunk["straggler"]["events"] == [{"rank": 2, "factor": 4.0, "start_step": 0, "end_step": 9}]
     static = shrink_config({"straggler": {"scenario": "static", "factors": [1, 2, 3, 4]}}, [0, 2])
     assert static["straggler"]["factors"] == [1, 3]
+
+
+def test_horovod_cycle_time_reaches_the_strategy_and_the_workers_environment(compose):
+    """trainer.horovod_cycle_time_ms: the strategy built from the config carries it, the environment the
+    launcher gives each worker (and an srun task's) sets HOROVOD_CYCLE_TIME, and null leaves Horovod's own."""
+    from lightning_straggler.cluster_env import TaskLayout, attach_env
+    from lightning_straggler.launcher import horovod_worker_env
+    from lightning_straggler.strategies import RingStrategy
+    from lightning_straggler.train import build_strategy
+
+    assert build_strategy(load_config(compose("trainer.horovod_cycle_time_ms=5"))).horovod_cycle_time_ms == 5.0
+    assert build_strategy(load_config(compose())).horovod_cycle_time_ms is None
+    assert build_strategy(load_config(compose("algorithm=ddp", "trainer.horovod_cycle_time_ms=5")))  # no Horovod there
+    assert horovod_worker_env(0, 4, 1234, 300, 5.0)["HOROVOD_CYCLE_TIME"] == "5"
+    assert horovod_worker_env(0, 4, 1234, 300, 0.5)["HOROVOD_CYCLE_TIME"] == "0.5"
+    assert "HOROVOD_CYCLE_TIME" not in horovod_worker_env(0, 4, 1234, 300)
+    layout = TaskLayout(rank=1, size=2, local_rank=0, local_size=1, cross_rank=1, cross_size=2, node_rank=1,
+                        nodes=("a", "b"), tasks_per_node=(1, 1), job_id="7")
+    assert attach_env(layout, "10.0.0.1", 1234, "lo", 120, 5.0)["HOROVOD_CYCLE_TIME"] == "5"
+    with pytest.raises(ValueError, match=r"horovod_cycle_time_ms must be None or in \[0.1, 1000\] milliseconds"):
+        RingStrategy(horovod_cycle_time_ms=0)

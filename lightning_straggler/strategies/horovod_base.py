@@ -28,7 +28,7 @@ from typing_extensions import override
 
 from lightning_straggler import cluster_env
 from lightning_straggler.comm import Collectives, HorovodCollectives
-from lightning_straggler.config import NONFINITE_POLICIES, TrainerConfig, check_stall_timeout
+from lightning_straggler.config import NONFINITE_POLICIES, TrainerConfig, check_cycle_time, check_stall_timeout
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
 from lightning_straggler.profiling import StepRecorder, batch_size_of  # noqa: F401  (batch_size_of: re-exported)
 
@@ -107,7 +107,11 @@ class HorovodStrategy(ParallelStrategy):
         comm: the collectives the strategy speaks to (default: :class:`HorovodCollectives`); tests pass
             another implementation.
         nonfinite: what a NaN/inf loss or gradient on any rank does: ``"error"`` stops training naming the
-            rank(s) and step; ``"skip"`` skips that optimizer step and logs an event (``trainer.nonfinite``)."""
+            rank(s) and step; ``"skip"`` skips that optimizer step and logs an event (``trainer.nonfinite``).
+        horovod_cycle_time_ms: how often Horovod's background thread coordinates with the other ranks, in
+            milliseconds, for the workers this strategy starts (``HOROVOD_CYCLE_TIME``); ``None`` (default)
+            leaves Horovod's own (1 ms) or the environment's. Longer cycles cost idle ranks less CPU and add up
+            to a cycle of latency to each collective (``trainer.horovod_cycle_time_ms``; in [0.1, 1000])."""
 
     strategy_name = "horovod"
     # Whether the algorithm creates process sets for subgroups while running.
@@ -126,11 +130,14 @@ class HorovodStrategy(ParallelStrategy):
         stall_timeout_s: float = TrainerConfig.stall_timeout_s,
         comm: Optional[Collectives] = None,
         nonfinite: str = TrainerConfig.nonfinite,
+        horovod_cycle_time_ms: Optional[float] = TrainerConfig.horovod_cycle_time_ms,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         check_stall_timeout(stall_timeout_s)
         self.stall_timeout_s = float(stall_timeout_s)
+        check_cycle_time(horovod_cycle_time_ms)
+        self.horovod_cycle_time_ms = None if horovod_cycle_time_ms is None else float(horovod_cycle_time_ms)
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)} (got {nonfinite!r})")
         self.nonfinite = nonfinite
@@ -205,7 +212,7 @@ class HorovodStrategy(ParallelStrategy):
         if not attached_to_horovod():
             # a task of a multi-task srun step becomes one worker (sets Horovod's variables; task 0 hosts
             # the rendezvous); anything else is left as it is
-            cluster_env.attach(self.stall_timeout_s)
+            cluster_env.attach(self.stall_timeout_s, cycle_time_ms=self.horovod_cycle_time_ms)
         self._launcher = None if attached_to_horovod() else HorovodLauncher(self, self.stall_timeout_s)
 
     @override
