@@ -925,7 +925,8 @@ def finish(plan: Plan, out: str, started: float, load_start, runs: list[dict[str
     report["runs_jsonl"] = RUNS_JSONL if os.path.exists(os.path.join(out, RUNS_JSONL)) else None
     report["plots"] = []
     try:
-        report["plots"] = plots(report, out)
+        if not getattr(a, "no_plots", False):
+            report["plots"] = plots(report, out)
     except Exception as e:  # noqa: BLE001  the numbers matter more than the pictures
         report["plot_error"] = f"{type(e).__name__}: {e}"
     with open(os.path.join(out, "summary.json"), "w") as f:
@@ -1145,6 +1146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--shipped", action="store_true",
                     help=f"with --aggregate-only: read the trimmed runs of DIR/{RUNS_JSONL} even where the raw runs/ "
                          "exist (what a checkout of the repository has)")
+    ap.add_argument("--no-plots", action="store_true",
+                    help="write summary.json and matrix.md only, not the PNG plots (a quick re-aggregation)")
     ap.add_argument("--resume", metavar="DIR", default=None,
                     help="continue an interrupted invocation in DIR with the same options: runs that finished "
                          "(summary.json present) are reused, the rest run")
@@ -1246,7 +1249,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raw = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(raw)
     measured_argv = None  # a re-aggregation records the measuring invocation's own command line
-    if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped"]):
+    if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped", "--no-plots"]):
         # only the directory given: re-plan with the options of the invocation that measured it
         # summary.json's settings; an interrupted grid has none yet, only the invocation written at its start
         before = {}
@@ -1264,7 +1267,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
             a = parse_args(raw)
     # recorded: the options that define the grid (a re-aggregation records those, not its own directory)
-    a.argv = measured_argv or (_without(raw, ["--aggregate-only"], ["--shipped"]) if a.aggregate_only else raw)
+    a.argv = measured_argv or (_without(raw, ["--aggregate-only"], ["--shipped", "--no-plots"]) if a.aggregate_only else raw)
     started, load_start = time.time(), _load()
     plan = Plan(a)
     try:
