@@ -1245,11 +1245,15 @@ def _without(argv: Sequence[str], options: Sequence[str], flags: Sequence[str] =
     return out
 
 
+# flags that change how a directory is re-aggregated, not which grid it holds
+AGGREGATE_ONLY_FLAGS = ["--shipped", "--no-plots"]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raw = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(raw)
     measured_argv = None  # a re-aggregation records the measuring invocation's own command line
-    if a.aggregate_only and not _without(raw, ["--aggregate-only"], ["--shipped", "--no-plots"]):
+    if a.aggregate_only and not _without(raw, ["--aggregate-only"], AGGREGATE_ONLY_FLAGS):
         # only the directory given: re-plan with the options of the invocation that measured it
         # summary.json's settings; an interrupted grid has none yet, only the invocation written at its start
         before = {}
@@ -1267,7 +1271,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
             a = parse_args(raw)
     # recorded: the options that define the grid (a re-aggregation records those, not its own directory)
-    a.argv = measured_argv or (_without(raw, ["--aggregate-only"], ["--shipped", "--no-plots"]) if a.aggregate_only else raw)
+    a.argv = measured_argv or (_without(raw, ["--aggregate-only"], AGGREGATE_ONLY_FLAGS) if a.aggregate_only else raw)
     started, load_start = time.time(), _load()
     plan = Plan(a)
     try:
