@@ -239,6 +239,16 @@ class NamespacedHosts:
         elif rate:
             _ip("tc", "qdisc", "add", "dev", dev, "root", *rate, ns=ns)
 
+    def reshape(self, shape: LinkShape) -> None:
+        """Every link shaped as ``shape`` from now on (the queues of the old shape are dropped)."""
+        for i, ns in enumerate(self.names):
+            for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
+                _ip("tc", "qdisc", "del", "dev", dev, "root", ns=where, check=False)  # none when unshaped
+        self.shape = shape
+        for i, ns in enumerate(self.names):
+            self._shape(ns, "eth0", delay=True)
+            self._shape(self.switch, f"p{i}", delay=False)
+
     def popen(self, host: int, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` inside host ``host``'s namespace (killed on close)."""
         proc = subprocess.Popen(["ip", "netns", "exec", self.names[host], *argv], start_new_session=True, **kwargs)
@@ -362,35 +372,86 @@ def _serve_rendezvous(args) -> None:
 
 
 def _allreduce_probe(args) -> None:
-    """One worker of the all-reduce probe: ``repeats`` timed all-reduces of ``floats`` float32 values
-    (after two untimed ones); rank 0 prints ``RESULT {json}`` with every repeat's seconds."""
+    """One worker of the all-reduce probe: for each of ``phases`` link shapes, ``repeats`` timed all-reduces
+    of ``floats`` float32 values (after two untimed ones). Between phases rank 0 waits for the launching
+    process to re-shape the links (file ``go-P`` in ``phase_dir``) and the others wait for rank 0; rank 0
+    writes ``done-P`` after each phase and prints ``RESULT {json}`` with every repeat's seconds by phase."""
     import horovod.torch as hvd
     import torch
 
     torch.set_num_threads(1)
     hvd.init()
     tensor = torch.ones(args.floats)
-    for i in range(2):
-        hvd.allreduce(tensor, op=hvd.Sum, name=f"warmup.{i}")
-    seconds = []
-    for i in range(args.repeats):
-        hvd.allreduce(torch.zeros(1), name=f"align.{i}")  # start every repeat together
-        t0 = time.perf_counter()
-        out = hvd.allreduce(tensor, op=hvd.Sum, name=f"probe.{i}")
-        seconds.append(time.perf_counter() - t0)
-    assert float(out[0]) == hvd.size(), "the all-reduce's sum is wrong"
+    by_phase = []
+    for phase in range(args.phases):
+        if phase > 0:
+            if hvd.rank() == 0:
+                _wait_for_file(os.path.join(args.phase_dir, f"go-{phase}"), 60.0)
+            hvd.allreduce(torch.zeros(1), name=f"phase.{phase}")  # the others wait here for rank 0
+        for i in range(2):
+            hvd.allreduce(tensor, op=hvd.Sum, name=f"warmup.{phase}.{i}")
+        seconds = []
+        for i in range(args.repeats):
+            hvd.allreduce(torch.zeros(1), name=f"align.{phase}.{i}")  # start every repeat together
+            t0 = time.perf_counter()
+            out = hvd.allreduce(tensor, op=hvd.Sum, name=f"probe.{phase}.{i}")
+            seconds.append(time.perf_counter() - t0)
+        assert float(out[0]) == hvd.size(), "the all-reduce's sum is wrong"
+        by_phase.append(seconds)
+        if hvd.rank() == 0 and args.phase_dir:
+            open(os.path.join(args.phase_dir, f"done-{phase}"), "w").close()
     if hvd.rank() == 0:
-        print("RESULT " + json.dumps({"size": hvd.size(), "floats": args.floats, "seconds": seconds}), flush=True)
+        print("RESULT " + json.dumps({"size": hvd.size(), "floats": args.floats, "seconds": by_phase}), flush=True)
     hvd.shutdown()
 
 
-def allreduce_seconds(hosts: int, workers: int, shape: LinkShape, floats: int, repeats: int, run_dir: str,
-                      timeout_s: float = 240.0) -> List[float]:
-    """Rank 0's seconds per all-reduce of ``floats`` float32 values, ``workers`` ranks over ``hosts``."""
-    with NamespacedHosts(hosts, shape) as net:
-        outs = launch_workers(net, workers, [sys.executable, "-m", "benchmarks.network", "_allreduce", "--floats",
-                                             str(floats), "--repeats", str(repeats)], run_dir, timeout_s,
-                              extra_env={"OMP_NUM_THREADS": "1"})
+def _wait_for_file(path: str, timeout_s: float, stop: Optional[threading.Event] = None) -> bool:
+    """Poll for ``path``; False when ``stop`` was set first. Raises NetworkError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if stop is not None and stop.is_set():
+            return False
+        if time.monotonic() > deadline:
+            raise NetworkError(f"{path} did not appear within {timeout_s:g} s")
+        time.sleep(0.02)
+    return True
+
+
+def allreduce_seconds(hosts: int, workers: int, shapes: Sequence[LinkShape], floats: int, repeats: int,
+                      run_dir: str, timeout_s: float = 240.0) -> List[List[float]]:
+    """Rank 0's seconds per all-reduce of ``floats`` float32 values, ``workers`` ranks over ``hosts``, for
+    each link shape in ``shapes`` (one list per shape). One job measures them all: the links are re-shaped
+    between phases while the workers wait, so every shape is timed by the same processes under the same load
+    (and the job's start, seconds of imports, is paid once)."""
+    phase_dir = os.path.join(run_dir, "phases")
+    shutil.rmtree(phase_dir, ignore_errors=True)
+    os.makedirs(phase_dir)
+    stop = threading.Event()
+    errors: List[BaseException] = []
+
+    def reshape_between_phases(net: NamespacedHosts) -> None:
+        try:
+            for phase in range(1, len(shapes)):
+                if not _wait_for_file(os.path.join(phase_dir, f"done-{phase - 1}"), timeout_s, stop):
+                    return
+                net.reshape(shapes[phase])
+                open(os.path.join(phase_dir, f"go-{phase}"), "w").close()
+        except BaseException as e:  # the workers then time out waiting for go-P and say so
+            errors.append(e)
+
+    with NamespacedHosts(hosts, shapes[0]) as net:
+        controller = threading.Thread(target=reshape_between_phases, args=(net,), daemon=True)
+        controller.start()
+        try:
+            outs = launch_workers(net, workers, [sys.executable, "-m", "benchmarks.network", "_allreduce", "--floats",
+                                                 str(floats), "--repeats", str(repeats), "--phases", str(len(shapes)),
+                                                 "--phase-dir", phase_dir], run_dir, timeout_s,
+                                  extra_env={"OMP_NUM_THREADS": "1"})
+        finally:
+            stop.set()
+            controller.join(timeout=30)
+    if errors:
+        raise NetworkError(f"re-shaping the links between phases failed: {errors[0]}")
     line = [l for l in outs[0].splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])["seconds"]
 
@@ -503,6 +564,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     probe = sub.add_parser("_allreduce")  # internal: one worker of allreduce_seconds
     probe.add_argument("--floats", type=int, required=True)
     probe.add_argument("--repeats", type=int, required=True)
+    probe.add_argument("--phases", type=int, default=1)
+    probe.add_argument("--phase-dir", default="")
     rdv = sub.add_parser("_rendezvous")  # internal: task 0's server inside host 0's namespace
     rdv.add_argument("--size", type=int, required=True)
     rdv.add_argument("--hosts", required=True)

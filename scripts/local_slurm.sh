@@ -212,21 +212,30 @@ wait_idle() {
     echo "$states" | awk '$2 ~ /down|drain|drng/ {print $1}' | while read -r n; do
       on_node 0 timeout 10 scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
     done
-    sleep 1
+    sleep 0.25
   done
   die "nodes not idle after $WAIT_S s: ${states:-sinfo gave no answer}; logs in $DIR/log/"
 }
 
-stop_pidfile() {
-  local f="$1" pid
-  [ -f "$f" ] || return 0
-  pid="$(cat "$f")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+stop_pidfiles() {
+  # TERM every daemon named, then wait for all of them together (each takes ~2 s to exit; one after the
+  # other made a stop take 7 s); KILL whatever is left after 10 s
+  local f pid pids=() alive
+  for f in "$@"; do
+    if [ -f "$f" ] && pid="$(cat "$f" 2>/dev/null)" && kill -TERM "$pid" 2>/dev/null; then pids+=("$pid"); fi
+  done
+  for _ in $(seq 100); do
+    alive=""
+    for pid in "${pids[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+    done
+    if [ -z "$alive" ]; then break; fi
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+  done
+  rm -f "$@"
 }
 
 stop_all() {
@@ -237,10 +246,9 @@ stop_all() {
     local end=$((SECONDS + 20))
     while ((SECONDS < end)) && [ -n "$(on_node 0 timeout 10 squeue -h -o %i 2>/dev/null || true)" ]; do sleep 1; done
   fi
-  local f
-  for f in "$DIR"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
-  stop_pidfile "$DIR/run/slurmctld.pid"
-  stop_pidfile "$DIR/run/munged.pid"
+  # the nodes first, while the controller they report to still runs
+  stop_pidfiles "$DIR"/run/slurmd-*.pid
+  stop_pidfiles "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"
   rm -rf "$DIR/state" "$DIR/spool"
   log "stopped"
 }
