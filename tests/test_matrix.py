@@ -489,17 +489,20 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert "| 2 | none | ring |" in md and "| 2 | none | dpar |" in md and "efficiency" in md
     assert os.path.exists(s["plots"][0])
 
-    # an interrupted invocation: dpar's run never finished; --resume reruns only it, the rest is reused
-    ring_before = json.loads((out / "runs" / "ring_none_N2_seed0" / "summary.json").read_text())
-    (out / "runs" / "dpar_none_N2_seed0" / "summary.json").unlink()
+    # an interrupted invocation: the calibration run never finished; --resume reruns only it, the rest is
+    # reused (solo and grid runs are skipped by the same rule; the 1-worker run is the cheap one to redo)
+    before = {name: json.loads((out / "runs" / name / "summary.json").read_text())
+              for name in ("ring_none_N2_seed0", "dpar_none_N2_seed0")}
+    (out / "solo" / "f1" / "summary.json").unlink()
     again = m.main(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1",
                     "--steps", "8", "--resume", str(out)])
     reused = {c.get("run") or f"solo:{c.get('factor', 0):g}": c.get("reused", False) for c in again["commands"]}
-    assert reused == {"solo:1": True, "ring_none_N2_seed0": True, "dpar_none_N2_seed0": False}
+    assert reused == {"solo:1": False, "ring_none_N2_seed0": True, "dpar_none_N2_seed0": True}
     # the reused records are the journaled ones, with the original command lines
     assert all("lightning_straggler.train" in c["command"] for c in again["commands"])
-    assert (out / "runs" / "dpar_none_N2_seed0" / "summary.json").exists()
-    assert json.loads((out / "runs" / "ring_none_N2_seed0" / "summary.json").read_text()) == ring_before
+    assert (out / "solo" / "f1" / "summary.json").exists()
+    for name, summary in before.items():
+        assert json.loads((out / "runs" / name / "summary.json").read_text()) == summary
     assert {c["algorithm"]: c["ok"] for c in again["cells"]} == {"ring": 1, "dpar": 1}
     assert again["mode"] == "direct (resumed)"
 
