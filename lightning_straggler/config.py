@@ -19,6 +19,8 @@ from lightning_straggler.policies.boundary import DEFAULT_REACT_STEPS
 from lightning_straggler.policies.adaptive import DEFAULT_HISTORY_STEPS as _ADAPTIVE_HISTORY_STEPS
 from lightning_straggler.policies.adaptive import DEFAULT_REACT_RATIO as _ADAPTIVE_REACT_RATIO
 from lightning_straggler.policies.adaptive import DEFAULT_REACT_STEPS as _ADAPTIVE_REACT_STEPS
+from lightning_straggler.policies.deadline import DEFAULT_FACTOR as _DEADLINE_FACTOR
+from lightning_straggler.policies.deadline import DEFAULT_HISTORY_STEPS as _DEADLINE_HISTORY_STEPS
 
 
 class ConfigError(ValueError):
@@ -122,6 +124,9 @@ class AdaptiveConfig:
     react_steps: int = _ADAPTIVE_REACT_STEPS  # re-plan after a worker's speed changed for this many steps in a row
     react_ratio: float = _ADAPTIVE_REACT_RATIO  # ... by this factor (slower or faster than its own recent speed)
     history_steps: int = _ADAPTIVE_HISTORY_STEPS  # per-step points per worker the time models are fitted on
+    # the step deadline (policies/deadline.py): a step closes without a rank later than factor x the step period
+    deadline_factor: float = _DEADLINE_FACTOR  # 0 = no deadline (every step waits for every rank)
+    deadline_history_steps: int = _DEADLINE_HISTORY_STEPS  # steps the period's median is taken over
     # BOA's settings (as BoaConfig; worker-set tuning on: a collapsed worker gets no samples)
     global_batch: int = 0
     min_local_batch: int = 1
@@ -134,9 +139,11 @@ class AdaptiveConfig:
 
     def validate(self, world_size: int) -> None:
         from lightning_straggler.policies.adaptive import check_settings
+        from lightning_straggler.policies.deadline import check_settings as check_deadline
 
         try:
             check_settings(self.react_steps, self.react_ratio, self.history_steps)
+            check_deadline(self.deadline_factor, self.deadline_history_steps)
         except ValueError as e:
             raise ConfigError(f"algorithm.{e}") from None
         boa = {f.name: getattr(self, f.name) for f in fields(BoaConfig) if f.name != "name" and hasattr(self, f.name)}

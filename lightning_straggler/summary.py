@@ -53,6 +53,7 @@ def build_summary(algorithm: str, world_size: int, report: Dict[str, Any], total
         "step_times": profile.get("step_times"),
         "config": config,
         **({"profiling": report["profiling"]} if "profiling" in report else {}),
+        **({"deadline": report["deadline"]} if "deadline" in report else {}),
     }
 
 

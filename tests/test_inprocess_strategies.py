@@ -309,7 +309,7 @@ def test_adaptive_replans_within_react_steps_of_a_collapse_and_of_the_recovery_a
     equals single-process SGD on the global batch of the samples the plan gave out."""
     slow = lambda r, s: 0.1 if (r == 3 and 6 <= s < 20) else 0.01  # noqa: E731  (seconds per sample)
     # react_ratio 3 (the collapse is 10x): a load spike would have to triple a 40 ms step twice in a row
-    make = lambda comm: AdaptiveStrategy(comm=comm, window_steps=0, react_steps=2, react_ratio=3.0,  # noqa: E731
+    make = lambda comm: AdaptiveStrategy(comm=comm, deadline_factor=0, window_steps=0, react_steps=2, react_ratio=3.0,  # noqa: E731
                                          global_batch=16)
     out = fit_in_process(4, make, steps=30, delay=slow, per_sample=True)
     assert [o["step"] for o in out] == [30] * 4
@@ -337,7 +337,7 @@ def test_adaptive_does_not_count_waiting_for_a_straggler_as_all_reduce_time():
     time models are fitted on measured, jittery compute times), and rank 3 none."""
     slow = lambda r, s: 0.05 if r == 3 else 0.002  # noqa: E731  (seconds per sample; 25x: one sample on rank 3
     # takes longer than eight on a fast rank even when a loaded machine adds milliseconds to every step)
-    make = lambda comm: AdaptiveStrategy(comm=comm, window_steps=5, global_batch=24)  # noqa: E731
+    make = lambda comm: AdaptiveStrategy(comm=comm, deadline_factor=0, window_steps=5, global_batch=24)  # noqa: E731
     out = fit_in_process(4, make, steps=8, delay=slow, per_sample=True)
     events = out[0]["events"]
     assert all(o["events"] == events for o in out)
@@ -354,7 +354,7 @@ def test_adaptive_random_straggler_schedules_finish_exact_with_every_rank_decidi
     steps = 24
     per_step = _random_delays(seed, world, steps)
     delay = lambda r, s: 0.001 + per_step(r, s) / 2  # noqa: E731  (seconds per sample)
-    make = lambda comm: AdaptiveStrategy(comm=comm, window_steps=5, react_steps=2, global_batch=4 * world)  # noqa: E731
+    make = lambda comm: AdaptiveStrategy(comm=comm, deadline_factor=0, window_steps=5, react_steps=2, global_batch=4 * world)  # noqa: E731
     out = fit_in_process(world, make, steps=steps, delay=delay, val_every=7, per_sample=True)
     assert [o["step"] for o in out] == [steps] * world
     events = out[0]["events"]

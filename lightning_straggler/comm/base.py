@@ -121,6 +121,24 @@ class Collectives(ABC):
         total = self.allreduce(slots, op="sum", tag=f"{tag}.among")
         return total[list(members)]
 
+    # --- asynchronous all-reduce: adaptive's step deadline hands a step in from a helper thread --------
+    last_collective_end: float = 0.0  # time.monotonic() when this rank's last blocking collective ended
+
+    def allreduce_grouped_async_(self, tensors: Sequence[torch.Tensor], op: str = "sum", tag: str = "grads") -> Any:
+        """Start an in-place world all-reduce of ``tensors`` (one fused operation, the same name as
+        :meth:`allreduce_grouped_` with ``tag``); a handle for :meth:`done` / :meth:`finish`. Safe to call from
+        a thread other than the main one."""
+        raise NotImplementedError(f"{type(self).__name__} has no asynchronous all-reduce: adaptive's deadline needs it")
+
+    def done(self, handle: Any) -> bool:
+        raise NotImplementedError
+
+    def finish(self, handle: Any, tag: str = "grads", watched: bool = True) -> None:
+        """Wait for an operation from :meth:`allreduce_grouped_async_` (its result is in its tensors);
+        ``watched``: from the rank's main thread (the stall watchdog sees the wait, and its end sets
+        :attr:`last_collective_end`)."""
+        raise NotImplementedError
+
     @abstractmethod
     def barrier(self, group: Group = None) -> None: ...
 

@@ -171,6 +171,11 @@ class FakeWorld:
         self._cv.wait(0.5)
 
     def _collective(self, rank: int, name: str, kind: str, members: Tuple[int, ...], payload: Any) -> Any:
+        return self._collect(rank, name, self._deposit(rank, name, kind, members, payload))
+
+    def _deposit(self, rank: int, name: str, kind: str, members: Tuple[int, ...], payload: Any) -> _Op:
+        """This rank's part of the next operation named ``name`` it has not contributed to (it may
+        complete at once); does not wait."""
         with self._cv:
             if self._deadlock:
                 raise FakeDeadlock(f"fake world of {self.size}: {self._deadlock}")
@@ -195,6 +200,12 @@ class FakeWorld:
             if rank not in members:
                 raise RuntimeError(f"rank {rank} calls '{name}' over {members} without being a member")
             op.payload[rank] = payload
+            self._complete_if_ready(op)
+            return op
+
+    def _collect(self, rank: int, name: str, op: _Op) -> Any:
+        """Wait until ``op`` (deposited by this rank) is complete; its result."""
+        with self._cv:
             self._waiting[rank] = name
             while True:
                 self._complete_if_ready(op)
@@ -204,7 +215,8 @@ class FakeWorld:
             self._waiting.pop(rank, None)
             self.log.append((rank, name))
             del op.payload[rank]
-            if not op.payload:  # every member has its result
+            queue = self._ops.get(name, [])
+            if not op.payload and op in queue:  # every member has its result
                 queue.remove(op)
                 if not queue:
                     del self._ops[name]
@@ -279,6 +291,30 @@ class FakeCollectives(Collectives):
     def size(self) -> int:
         return self.world.size
 
+    def _blocking(self, name, kind, members, payload):
+        result = self.world._collective(self._rank, name, kind, members, payload)
+        self.last_collective_end = time.monotonic()
+        return result
+
+    def allreduce_grouped_async_(self, tensors, op="sum", tag="grads"):
+        if op != "sum":
+            raise ValueError(f"the fake world's asynchronous all-reduce sums (got op {op!r})")
+        name, members = self._name(tag, None)
+        deposited = self.world._deposit(self._rank, name, "allreduce", members, (op, [t.detach().clone() for t in tensors]))
+        return (name, deposited, list(tensors))
+
+    def done(self, handle) -> bool:
+        with self.world._cv:
+            return handle[1].done
+
+    def finish(self, handle, tag="grads", watched=True) -> None:
+        name, deposited, tensors = handle
+        result = self.world._collect(self._rank, name, deposited)
+        for t, r in zip(tensors, result):
+            t.copy_(r)
+        if watched:
+            self.last_collective_end = time.monotonic()
+
     def allreduce(self, tensor, op="mean", group=None, tag="allreduce"):
         out = torch.empty_like(tensor).copy_(tensor)
         self.allreduce_grouped_([out], op=op, group=group, tag=tag)
@@ -290,29 +326,29 @@ class FakeCollectives(Collectives):
         if op not in _REDUCE:
             raise ValueError(f"reduce op {op!r}: one of {', '.join(_REDUCE)}")
         name, members = self._name(tag, group)
-        result = self.world._collective(self._rank, name, "allreduce", members, (op, [t.detach().clone() for t in tensors]))
+        result = self._blocking(name, "allreduce", members, (op, [t.detach().clone() for t in tensors]))
         for t, r in zip(tensors, result):
             t.copy_(r / len(members) if op in ("mean", "avg") else r)
 
     def allgather(self, tensor, group=None, tag="allgather"):
         name, members = self._name(tag, group)
-        return self.world._collective(self._rank, name, "allgather", members, tensor.detach().clone()).clone()
+        return self._blocking(name, "allgather", members, tensor.detach().clone()).clone()
 
     def broadcast_(self, tensor, root, group=None, tag="broadcast"):
         name, members = self._name(tag, group)
         payload = (root, tensor.detach().clone() if self._rank == root else None)
-        result = self.world._collective(self._rank, name, "broadcast", members, payload)
+        result = self._blocking(name, "broadcast", members, payload)
         tensor.copy_(result)
         return tensor
 
     def broadcast_object(self, obj, root=0, group=None, tag="object"):
         name, members = self._name(tag, group)
         payload = (root, pickle.dumps(obj) if self._rank == root else None)
-        return pickle.loads(self.world._collective(self._rank, name, "broadcast", members, payload))
+        return pickle.loads(self._blocking(name, "broadcast", members, payload))
 
     def barrier(self, group=None):
         name, members = self._name("barrier", group)
-        self.world._collective(self._rank, name, "barrier", members, None)
+        self._blocking(name, "barrier", members, None)
 
     def ensure_groups(self, groups):
         self.barrier()  # a collective over every rank, as creating process sets is

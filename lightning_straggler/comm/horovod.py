@@ -21,9 +21,10 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
 from lightning_straggler.watchdog import waiting  # the launcher's stall watchdog sees blocked collectives
@@ -164,11 +165,18 @@ class HorovodCollectives(Collectives):
         return {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max,
                 "min": hvd.Min, "product": hvd.Product}[op]
 
+    @contextlib.contextmanager
+    def _blocking(self, name: str) -> Iterator[None]:
+        """A blocking collective: the watchdog sees the wait; its end is a moment every rank shares."""
+        with waiting(name):
+            yield
+        self.last_collective_end = time.monotonic()
+
     # --- collectives ----------------------------------------------------------------------------
     def allreduce(self, tensor, op="mean", group=None, tag="allreduce"):
         name, ps = self._name(tag, group)
         hvd = _hvd()
-        with waiting(name):
+        with self._blocking(name):
             if _differentiable(tensor):
                 return hvd.allreduce(tensor, op=self._op(op), name=name, process_set=ps)
             return _wait(hvd, hvd.allreduce_async(tensor, op=self._op(op), name=name, process_set=ps))
@@ -178,13 +186,13 @@ class HorovodCollectives(Collectives):
             return
         name, ps = self._name(tag, group)
         hvd = _hvd()
-        with waiting(name):
+        with self._blocking(name):
             _wait(hvd, hvd.grouped_allreduce_async_(list(tensors), op=self._op(op), name=name, process_set=ps))
 
     def allgather(self, tensor, group=None, tag="allgather"):
         name, ps = self._name(tag, group)
         hvd = _hvd()
-        with waiting(name):
+        with self._blocking(name):
             if _differentiable(tensor):
                 return hvd.allgather(tensor, name=name, process_set=ps)
             return _wait(hvd, hvd.allgather_async(tensor, name=name, process_set=ps))
@@ -192,19 +200,19 @@ class HorovodCollectives(Collectives):
     def broadcast_(self, tensor, root, group=None, tag="broadcast"):
         name, ps = self._name(tag, group)
         hvd = _hvd()
-        with waiting(name):
+        with self._blocking(name):
             return _wait(hvd, hvd.broadcast_async_(tensor, root_rank=root, name=name, process_set=ps))
 
     def broadcast_object(self, obj, root=0, group=None, tag="object"):
         name, ps = self._name(tag, group)
-        with waiting(name):
+        with self._blocking(name):
             return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
 
     def join_is_fixed(self) -> bool:
         return horovod_has_join_fix()
 
     def join(self) -> int:
-        with waiting("join"):
+        with self._blocking("join"):
             return int(_hvd().join())
 
     def join_async(self) -> _JoinHandle:
@@ -217,12 +225,27 @@ class HorovodCollectives(Collectives):
         return not handle.thread.is_alive()
 
     def join_wait(self, handle: _JoinHandle) -> int:
-        with waiting("join"):
+        with self._blocking("join"):
             handle.thread.join()
         if handle.error is not None:
             raise handle.error
         return int(handle.last)
 
+    def allreduce_grouped_async_(self, tensors, op="sum", tag="grads"):
+        name, ps = self._name(tag, None)
+        return _hvd().grouped_allreduce_async_(list(tensors), op=self._op(op), name=name, process_set=ps)
+
+    def done(self, handle) -> bool:
+        return bool(_hvd().poll(handle))
+
+    def finish(self, handle, tag="grads", watched=True) -> None:
+        hvd = _hvd()
+        if watched:
+            with self._blocking(self._name(tag, None)[0]):
+                _wait(hvd, handle)
+        else:
+            _wait(hvd, handle)
+
     def barrier(self, group=None) -> None:
-        with waiting(self._name("barrier", group)[0]):
+        with self._blocking(self._name("barrier", group)[0]):
             _hvd().barrier(process_set=self.process_set(group))

@@ -14,10 +14,15 @@ collapsed worker gets few samples or, with ``tune_workers`` (on by default here)
 one-sample placeholder with weight 0 until its measured speed recovers, when the next re-plan gives it
 samples again.
 
-What it does not do (README "adaptive"): close a step at a deadline without a late worker's gradients
-(eager-SGD's partial collectives). The group waits for a collapsed worker's ``react_steps`` slow steps
-and for the steps its loader has already drawn; a frozen worker is the watchdog's (it is named and the
-job restarts without it).
+Within a step (``deadline_factor``, ``policies/deadline.py``): a rank that has not handed its gradients
+in ``deadline_factor`` x the step period after the group's last collective is cut from the step: a helper
+thread hands in zeros for it (``comm/deadline.py``), the others' gradients are weighted by their samples
+over the samples that arrived, and the late rank drops its own gradient of that step and takes the
+group's update like everyone else. A rank already too late when it starts a step skips its compute. The
+per-step times of a cut rank carry the time it had been given, so the detector sees it slow and the
+re-plan follows. Exact (as ``boa``) whenever every rank makes the deadline. The group still waits for a
+late rank at the other collectives (a re-plan's broadcast, a validation); a frozen worker is the
+watchdog's (it is named and the job restarts without it).
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ import torch
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.comm.deadline import DeadlineExchange
 from lightning_straggler.config import AdaptiveConfig as A
+from lightning_straggler.policies import deadline as deadline_policy
 from lightning_straggler.policies.adaptive import SpeedChangeDetector, check_settings
 from lightning_straggler.strategies.boa import BoaStrategy
 
@@ -43,6 +50,9 @@ class AdaptiveStrategy(BoaStrategy):
         react_ratio: how far a worker's per-sample time must move, > 1 (default 1.5).
         history_steps: per-step points per worker the time models are fitted on (>= ``react_steps``).
         tune_workers: give no samples to workers that cost more time than they add (default True here).
+        deadline_factor: a step closes without a rank that has not handed its gradients in this many step
+            periods after the group's last collective (0 = no deadline; else in (1, 1000], default 3).
+        deadline_history_steps: steps the step period's median is taken over (>= 5, default 20).
         global_batch, min_local_batch, max_local_batch, window_steps, rebalance_gain, initial_batch_sizes,
         seed: as :class:`BoaStrategy` (``window_steps``: also re-plan every N steps; 0 = only on changes).
         **kwargs: :class:`HorovodStrategy`'s arguments.
@@ -55,8 +65,10 @@ class AdaptiveStrategy(BoaStrategy):
                  min_local_batch: int = A.min_local_batch, max_local_batch: int = A.max_local_batch,
                  window_steps: int = A.window_steps, rebalance_gain: float = A.rebalance_gain,
                  tune_workers: bool = A.tune_workers, initial_batch_sizes: Optional[Sequence[int]] = None,
-                 seed: int = A.seed, **kwargs: Any) -> None:
+                 seed: int = A.seed, deadline_factor: float = A.deadline_factor,
+                 deadline_history_steps: int = A.deadline_history_steps, **kwargs: Any) -> None:
         check_settings(react_steps, react_ratio, history_steps)
+        deadline_policy.check_settings(deadline_factor, deadline_history_steps)
         super().__init__(global_batch=global_batch, min_local_batch=min_local_batch, max_local_batch=max_local_batch,
                          window_steps=window_steps, rebalance_gain=rebalance_gain, tune_workers=tune_workers,
                          initial_batch_sizes=initial_batch_sizes, seed=seed, **kwargs)
@@ -64,23 +76,118 @@ class AdaptiveStrategy(BoaStrategy):
         self.detector: Optional[SpeedChangeDetector] = None  # made at set-up (needs the world size)
         self._changed: list = []  # ranks whose speed changed at the step just taken
         self._wait_s: dict = {}  # step -> this rank's wait for the slowest rank's compute at that step
+        self.deadline = deadline_policy.StepDeadline(deadline_factor, deadline_history_steps)
+        self.exchange: Optional[DeadlineExchange] = None  # started at the first step of a fit (deadline on)
+        self._shapes: list = []  # the exchanged tensors' (shape, dtype, device): what a cut rank hands in zeros of
+        self._skipping = False  # this step was cut before this rank started it: no compute
+        self._last_close: Optional[float] = None  # when the previous step's all-reduce ended here
+        self.cut_steps, self.cut_samples = 0, 0  # this rank's steps cut by the deadline and their samples
+        self.deadline_steps = 0  # steps this rank started with a deadline set
 
     @override
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self.detector = SpeedChangeDetector(self.world_size, self.react_steps, self.react_ratio, self.history_steps)
 
+    # --- the step deadline ------------------------------------------------------------------------
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        self._skipping = False
+        if self.exchange is None and self.deadline.enabled and self._shapes:
+            self.exchange = DeadlineExchange(self.comm, self._zeros_for, tag="grads")
+        if self.exchange is not None:
+            seconds = self.deadline.seconds()
+            self.deadline_steps += seconds is not None
+            self._skipping = self.exchange.arm(self.steps_done, seconds)
+
+    @override
+    def skip_this_batch(self) -> bool:
+        return self._skipping  # decided once at the batch's start
+
+    @override
+    def synchronizes_skipped_batch(self) -> bool:
+        return True  # a cut rank takes the group's update of the step it skipped
+
+    def _zeros_for(self, step: int, waited_s: float) -> list:
+        """What a cut rank hands in: zero gradients, its time slot = how long it had been given (a lower
+        bound on its compute, so the detector sees it slow), its arrival slot 0."""
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in self._shapes]
+        zeros[-2][self.global_rank] = waited_s
+        return zeros
+
+    def _exchange(self, grads: list) -> tuple:
+        """The step's all-reduce: (summed gradients, times, arrived) and whether this rank was cut."""
+        times = grads[0].new_zeros(self.world_size)
+        times[self.global_rank] = self.current_step_compute_s()
+        arrived = grads[0].new_zeros(self.world_size)
+        arrived[self.global_rank] = 1.0
+        tensors = grads + [times, arrived]
+        if not self._shapes:
+            self._shapes = [(t.shape, t.dtype, t.device) for t in tensors]
+        if self.exchange is None:
+            self.comm.allreduce_grouped_(tensors, op="sum", tag="grads")  # the times ride along: summed slots
+            return tensors, False
+        result, cut = self.exchange.exchange(self.steps_done, tensors)
+        if cut:
+            for mine, group in zip(grads, result):
+                mine.copy_(group)  # this rank's own gradient of the step is dropped
+        return grads + list(result[-2:]), cut
+
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         grads = self.weighted_gradients(optimizer)
-        times = grads[0].new_zeros(self.world_size)
-        times[self.global_rank] = self.current_step_compute_s()
-        self.comm.allreduce_grouped_(grads + [times], op="sum", tag="grads")  # the times ride along: summed slots
-        computed = [max(b, 1) for b in self.schedule.at(self.steps_done)]  # a left-out worker: one placeholder
+        result, cut = self._exchange(grads)
+        times, arrived = result[-2], [bool(a > 0.5) for a in result[-1].tolist()]
+        sizes = list(self.schedule.at(self.steps_done))
+        scale = deadline_policy.arrived_scale(sizes, arrived)
+        if scale is None:  # no rank made the step: no update at all (a zero gradient would still move momentum)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+        elif scale != 1.0:
+            for g in grads:
+                g.mul_(scale)
+        if not all(arrived):
+            self._note_cut(sizes, arrived, cut)
+        close = self.comm.last_collective_end
+        if self._last_close is not None and self.exchange is not None:
+            self.deadline.observe(close - self._last_close)
+        self._last_close = close
+        computed = [max(b, 1) for b in sizes]  # a left-out worker: one placeholder
         seconds = times.tolist()
         self._changed = self.detector.observe(computed, seconds)
         self._wait_s[self.steps_done] = max(seconds) - seconds[self.global_rank]
         self._wait_s.pop(self.steps_done - 4 * max(self.window_steps, self.history_steps), None)
+
+    def _note_cut(self, sizes: list, arrived: list, cut: bool) -> None:
+        missing = [r for r, a in enumerate(arrived) if not a]
+        if cut:
+            self.cut_steps += 1
+            self.cut_samples += sizes[self.global_rank]
+        self.record_event("deadline_cut", ranks=missing, dropped_samples=sum(sizes[r] for r in missing),
+                          arrived_samples=sum(b for b, a in zip(sizes, arrived) if a))
+
+    @override
+    def on_train_end(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+            self.exchange = None
+        mine = torch.tensor([float(self.cut_steps), float(self.cut_samples)], dtype=torch.float64)
+        total = self.comm.allreduce(mine, op="sum", tag="deadline_cuts").tolist()
+        super().on_train_end()
+        if self.global_rank == 0:
+            # the cut ranks' samples of those steps were not trained on: not counted as trained
+            self.run_report["discarded_samples"] = self.run_report.get("discarded_samples", 0) + int(total[1])
+            self.run_report["deadline"] = {"factor": self.deadline.factor, "steps_with_deadline": self.deadline_steps,
+                                           "cut_rank_steps": int(total[0]), "dropped_samples": int(total[1])}
+
+    @override
+    def teardown(self) -> None:
+        if self.exchange is not None:  # a fit that ended by an exception
+            self.exchange.close()
+            self.exchange = None
+        super().teardown()
 
     @override
     def _allreduce_cost_s(self) -> float:
@@ -129,6 +236,7 @@ class AdaptiveStrategy(BoaStrategy):
         state["boa"]["window"] = [r.as_row() for r in keep]
         state["adaptive"] = self.detector.to_dict() if self.detector is not None else None
         state["adaptive_wait_s"] = {int(r.step): float(self._wait_s[r.step]) for r in keep if r.step in self._wait_s}
+        state["adaptive_deadline"] = self.deadline.to_dict()
         return state
 
     @override
@@ -137,6 +245,8 @@ class AdaptiveStrategy(BoaStrategy):
         if state.get("adaptive") is not None and self.detector is not None:
             self.detector.restore(state["adaptive"])
         self._wait_s = {int(k): float(v) for k, v in state.get("adaptive_wait_s", {}).items()}
+        if "adaptive_deadline" in state:
+            self.deadline.restore(state["adaptive_deadline"])
 
 
 __all__ = ["AdaptiveStrategy"]

@@ -272,6 +272,11 @@ class HorovodStrategy(ParallelStrategy):
         synchronising), e.g. an excluded or struck-out worker catching up with its group."""
         return False
 
+    def synchronizes_skipped_batch(self) -> bool:
+        """Whether a batch passed over still goes through :meth:`synchronize_gradients` (with zero
+        gradients of its own) and the optimizer: adaptive's rank cut from a step takes the group's update."""
+        return False
+
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.skip_this_batch():
@@ -284,7 +289,7 @@ class HorovodStrategy(ParallelStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any], model=None, **kwargs: Any) -> Any:
-        if self.skip_this_batch():
+        if self.skip_this_batch() and not self.synchronizes_skipped_batch():
             output = super().optimizer_step(optimizer, closure, model, **kwargs)
             self.recorder.discard_step()
             self.after_optimizer_step(optimizer)
