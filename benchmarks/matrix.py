@@ -119,12 +119,14 @@ from lightning_straggler.ideal import ideal_throughput
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "conf")
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "matrix")
-ALGORITHMS = ("ring", "ringc5", "ddp", "ddplocal", "dpar", "awar", "dssync", "boa", "adaptive")  # every one --algorithms accepts, in table order
+ALGORITHMS = ("ring", "ringc5", "ddp", "ddplocal", "dpar", "awar", "dssync", "boa", "adaptivewait", "adaptive")  # every one --algorithms accepts, in table order
 # a row that is an algorithm file plus settings: ddplocal = Lightning's DDP with post-local SGD, the straggler option
 # Lightning offers (its documented example: parameters averaged every 4 steps after 8 steps of plain DDP)
 # ringc5 = ring with Horovod's coordination cycle at 5 ms instead of its 1 ms default (idle ranks cost less CPU)
+# adaptivewait = adaptive without its step deadline (every step waits for every rank): what the deadline adds
 ALGORITHM_VARIANTS = {"ddplocal": ["algorithm=ddp", "algorithm.model_averaging_period=4", "algorithm.warmup_steps=8"],
-                      "ringc5": ["algorithm=ring", "trainer.horovod_cycle_time_ms=5"]}
+                      "ringc5": ["algorithm=ring", "trainer.horovod_cycle_time_ms=5"],
+                      "adaptivewait": ["algorithm=adaptive", "algorithm.deadline_factor=0"]}
 
 
 def algorithm_overrides(label: str) -> list[str]:
@@ -1116,7 +1118,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          f"{QUICK['steps']} steps (options given explicitly still win)")
     ap.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None,
                     help=f"any of {', '.join(ALGORITHMS)} (default: {', '.join(DEFAULT_ALGORITHMS)}; ddp is Lightning's own "
-                         "DDPStrategy, the baseline; ddplocal the same with post-local SGD; ringc5 ring with Horovod's cycle at 5 ms); "
+                         "DDPStrategy, the baseline; ddplocal the same with post-local SGD; ringc5 ring with Horovod's cycle at 5 ms; adaptivewait adaptive without its step deadline); "
                          "ring is always added (the reference)")
     ap.add_argument("--scenarios", nargs="+", default=None,
                     help=f"names of conf/straggler/<name>.yaml (default: {' '.join(SCENARIOS)})")
