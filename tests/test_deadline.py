@@ -64,6 +64,19 @@ def test_the_config_refuses_a_bad_deadline_naming_the_setting(compose):
     assert load_config(compose("algorithm=adaptive")).algorithm.deadline_factor == rule.DEFAULT_FACTOR
 
 
+def test_a_cut_ranks_lower_bound_is_amended_with_its_real_time():
+    from lightning_straggler.policies.adaptive import SpeedChangeDetector
+
+    d = SpeedChangeDetector(2, react_steps=2, ratio=1.5, history_steps=5)
+    d.observe([8, 8], [0.08, 0.08])
+    d.observe([8, 8], [0.08, 0.3])  # rank 1 cut: 0.3 s is what it had been given
+    d.amend_last(1, 0.8)  # its real time, sent with the next step
+    assert d.points()[1][-1] == (8.0, 0.8) and d.points()[0][-1] == (8.0, 0.08)
+    empty = SpeedChangeDetector(1)
+    empty.amend_last(0, 1.0)  # nothing observed yet: nothing to amend
+    assert empty.points() == [[]]
+
+
 # --- the protocol, one thread per rank -------------------------------------------------------------
 def _run_protocol(world: int, steps: int, compute_s, deadline_s, timeout_s: float = 120.0):
     """Every rank: arm the step, compute (sleep) unless already cut, exchange [its value, arrival slots]."""

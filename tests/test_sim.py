@@ -274,9 +274,30 @@ def test_adaptive_replans_where_the_strategy_does_and_beats_boa_on_a_collapse():
     # plan applies from 32, as AdaptiveStrategy's (tests/test_inprocess_strategies.py: 7 -> 8 there)
     strag = {"scenario": "transient", "events": [{"rank": 0, "factor": 10.0, "start_step": 30, "end_step": 90}]}
     w = workload(4, strag, steps=120)
-    res = simulate("adaptive", w, INFINIBAND_200G, window_steps=0)
-    first = [e for e in res.events if e["changed_ranks"]][0]
+    res = simulate("adaptive", w, INFINIBAND_200G, window_steps=0, deadline_factor=0)  # as the strategy's test
+    first = [e for e in res.events if e["kind"] == "rebalance" and e["changed_ranks"]][0]
     assert (first["step"], first["from_step"], first["changed_ranks"]) == (31, 32, [0])
     assert first["batch_sizes"][0] < w.batch_per_worker
     boa = simulate("boa", w, INFINIBAND_200G)
     assert res.throughput_samples_per_s > 1.3 * boa.throughput_samples_per_s
+
+
+def test_adaptive_deadline_cuts_a_collapsed_rank_and_its_samples_and_wins_over_waiting():
+    """The same collapse with the step deadline (3x the step period): rank 0 is cut from its first slow
+    step (every other rank hands in on time), the step no longer waits its 10x compute, the cut steps
+    count the other ranks' samples only; the re-plan follows with the plan waiting gives (the real time
+    amends the lower bound), and the run is faster than waiting."""
+    strag = {"scenario": "transient", "events": [{"rank": 0, "factor": 10.0, "start_step": 30, "end_step": 90}]}
+    w = workload(4, strag, steps=120)
+    cut = simulate("adaptive", w, INFINIBAND_200G, window_steps=0)
+    wait = simulate("adaptive", w, INFINIBAND_200G, window_steps=0, deadline_factor=0)
+    cuts = [e for e in cut.events if e["kind"] == "deadline_cut"]
+    assert cuts and cuts[0]["step"] == 30 and all(e["ranks"] == [0] for e in cuts)
+    assert not [e for e in wait.events if e["kind"] == "deadline_cut"]
+    assert cut.step_times_s[30] < wait.step_times_s[30] / 2
+    assert cut.step_samples[30] == 3 * w.batch_per_worker
+    # the cut step's lower bound is amended with the real time at the next step: the same plan as waiting
+    plans = [[e["batch_sizes"] for e in r.events if e["kind"] == "rebalance" and e["changed_ranks"] == [0]][0]
+             for r in (cut, wait)]
+    assert plans[0] == plans[1] and plans[0][0] < w.batch_per_worker
+    assert cut.throughput_samples_per_s > wait.throughput_samples_per_s

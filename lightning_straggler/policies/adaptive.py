@@ -79,6 +79,14 @@ class SpeedChangeDetector:
                 changed.append(r)
         return changed
 
+    def amend_last(self, rank: int, seconds: float) -> None:
+        """Replace the seconds of ``rank``'s newest point: a rank cut from a step by the deadline
+        (``policies/deadline.py``) is first seen with the time it had been given, a lower bound; its real
+        compute time arrives with the next step. Streaks already counted stay."""
+        if self.history[rank]:
+            b, _ = self.history[rank][-1]
+            self.history[rank][-1] = (b, float(seconds))
+
     def points(self) -> list[list[tuple[float, float]]]:
         """Each rank's kept (batch size, seconds) points: what the time models are fitted on."""
         return [list(h) for h in self.history]

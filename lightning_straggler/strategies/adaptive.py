@@ -83,6 +83,10 @@ class AdaptiveStrategy(BoaStrategy):
         self._last_close: Optional[float] = None  # when the previous step's all-reduce ended here
         self.cut_steps, self.cut_samples = 0, 0  # this rank's steps cut by the deadline and their samples
         self.deadline_steps = 0  # steps this rank started with a deadline set
+        # a step this rank was cut from while computing: its real compute seconds, sent with the next step
+        # (the cut step's slot held a lower bound), and its per-sample time (this rank's speed now)
+        self._true_s_pending = 0.0
+        self._late_per_sample: Optional[float] = None
 
     @override
     def setup(self, trainer) -> None:
@@ -110,35 +114,52 @@ class AdaptiveStrategy(BoaStrategy):
         return True  # a cut rank takes the group's update of the step it skipped
 
     def _zeros_for(self, step: int, waited_s: float) -> list:
-        """What a cut rank hands in: zero gradients, its time slot = how long it had been given (a lower
-        bound on its compute, so the detector sees it slow), its arrival slot 0."""
+        """What a cut rank hands in: zero gradients; its time slot = how long it had been given (a lower
+        bound on its compute), or its speed on its last late step if that says more; the real time of
+        its previous step if that was cut too (amend slot); its arrival slot 0."""
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in self._shapes]
-        zeros[-2][self.global_rank] = waited_s
+        zeros[-3][self.global_rank] = max(waited_s, self._estimate_s(step))
+        zeros[-2][self.global_rank] = self._true_s_pending
         return zeros
 
+    def _estimate_s(self, step: int) -> float:
+        if self._late_per_sample is None:
+            return 0.0
+        return self._late_per_sample * max(self.schedule.at(step)[self.global_rank], 1)
+
     def _exchange(self, grads: list) -> tuple:
-        """The step's all-reduce: (summed gradients, times, arrived) and whether this rank was cut."""
-        times = grads[0].new_zeros(self.world_size)
-        times[self.global_rank] = self.current_step_compute_s()
-        arrived = grads[0].new_zeros(self.world_size)
-        arrived[self.global_rank] = 1.0
-        tensors = grads + [times, arrived]
+        """The step's all-reduce: (summed gradients, times, amended times, arrived) and whether this rank
+        was cut."""
+        slots = [grads[0].new_zeros(self.world_size) for _ in range(3)]  # times, amended times, arrived
+        slots[0][self.global_rank] = self.current_step_compute_s()
+        slots[1][self.global_rank] = self._true_s_pending
+        slots[2][self.global_rank] = 1.0
+        tensors = grads + slots
         if not self._shapes:
             self._shapes = [(t.shape, t.dtype, t.device) for t in tensors]
         if self.exchange is None:
             self.comm.allreduce_grouped_(tensors, op="sum", tag="grads")  # the times ride along: summed slots
             return tensors, False
         result, cut = self.exchange.exchange(self.steps_done, tensors)
+        self._true_s_pending = 0.0  # sent, by whichever thread handed the step in
         if cut:
             for mine, group in zip(grads, result):
                 mine.copy_(group)  # this rank's own gradient of the step is dropped
-        return grads + list(result[-2:]), cut
+            if not self._skipping:  # it computed, too late: its real time goes with the next step
+                self._true_s_pending = self.current_step_compute_s()
+                self._late_per_sample = self._true_s_pending / max(self.schedule.at(self.steps_done)[self.global_rank], 1)
+        else:
+            self._late_per_sample = None
+        return grads + list(result[-3:]), cut
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         grads = self.weighted_gradients(optimizer)
         result, cut = self._exchange(grads)
-        times, arrived = result[-2], [bool(a > 0.5) for a in result[-1].tolist()]
+        times, amended, arrived = result[-3], result[-2].tolist(), [bool(a > 0.5) for a in result[-1].tolist()]
+        for rank, seconds in enumerate(amended):
+            if seconds > 0:  # a rank cut from the previous step while computing: its real time
+                self.detector.amend_last(rank, seconds)
         sizes = list(self.schedule.at(self.steps_done))
         scale = deadline_policy.arrived_scale(sizes, arrived)
         if scale is None:  # no rank made the step: no update at all (a zero gradient would still move momentum)
