@@ -160,3 +160,22 @@ def test_handing_a_step_in_twice_is_refused():
         return True
 
     assert FakeWorld(2, timeout_s=30).run(body) == [True, True]
+
+
+@pytest.mark.parametrize("validated", [False, True])
+def test_a_step_after_a_validation_counts_its_deadline_from_the_validation_end(validated):
+    """0.2 s between the group's last collective and the step (a validation that ended with none): with
+    the validation's end as the anchor the step is open (0.1 s deadline); without it, it is cut at once."""
+    def body(comm):
+        comm.barrier()
+        exchange = DeadlineExchange(comm, lambda step, waited: [torch.zeros(1)])
+        try:
+            time.sleep(0.2)
+            cut_at_start = exchange.arm(0, 0.1, not_before=time.monotonic() if validated else 0.0)
+            result, cut = exchange.exchange(0, [torch.ones(1)])
+            return cut_at_start, cut, result[0].item()
+        finally:
+            exchange.close()
+
+    want = (False, False, 2.0) if validated else (True, True, 0.0)
+    assert FakeWorld(2, timeout_s=30).run(body) == [want, want]

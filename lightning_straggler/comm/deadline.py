@@ -47,16 +47,17 @@ class DeadlineExchange:
         self._thread.start()
 
     # --- the main thread -----------------------------------------------------------------------------
-    def arm(self, step: int, seconds: Optional[float]) -> bool:
-        """At the start of ``step``: it stays open until ``seconds`` after the group's last collective
-        (None: no deadline). A deadline already past is taken at once, by this thread. Returns whether the
-        step has been cut (the rank then skips its compute)."""
+    def arm(self, step: int, seconds: Optional[float], not_before: float = 0.0) -> bool:
+        """At the start of ``step``: it stays open until ``seconds`` after the group's last collective, or
+        after ``not_before`` (time.monotonic()) when that is later (None: no deadline). A deadline already
+        past is taken at once, by this thread. Returns whether the step has been cut (the rank then skips
+        its compute)."""
         with self._cv:
             self._raise_helper_error()
             if seconds is None:
                 self._armed = None
                 return False
-            anchor = self.comm.last_collective_end
+            anchor = max(self.comm.last_collective_end, not_before)
             deadline = anchor + seconds
             if time.monotonic() >= deadline:
                 self._hand_in_zeros(step, time.monotonic() - anchor)
@@ -132,6 +133,8 @@ class DeadlineExchange:
                             continue
                         self._hand_in_zeros(self._armed, time.monotonic() - self._anchor)
                 while not self.comm.done(handle):  # (without the lock: the main thread goes on)
+                    if self._stop:  # closed after a failure: the step will not complete
+                        return
                     time.sleep(POLL_S)
                 closed = time.monotonic()
                 self.comm.finish(handle, tag=self.tag, watched=False)

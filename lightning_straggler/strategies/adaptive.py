@@ -26,6 +26,7 @@ watchdog's (it is named and the job restarts without it).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence
 
 import torch
@@ -81,6 +82,7 @@ class AdaptiveStrategy(BoaStrategy):
         self._shapes: list = []  # the exchanged tensors' (shape, dtype, device): what a cut rank hands in zeros of
         self._skipping = False  # this step was cut before this rank started it: no compute
         self._last_close: Optional[float] = None  # when the previous step's all-reduce ended here
+        self._validated_at = 0.0  # when a validation between two steps ended here (0: none)
         self.cut_steps, self.cut_samples = 0, 0  # this rank's steps cut by the deadline and their samples
         self.deadline_steps = 0  # steps this rank started with a deadline set
         # a step this rank was cut from while computing: its real compute seconds, sent with the next step
@@ -103,7 +105,14 @@ class AdaptiveStrategy(BoaStrategy):
         if self.exchange is not None:
             seconds = self.deadline.seconds()
             self.deadline_steps += seconds is not None
-            self._skipping = self.exchange.arm(self.steps_done, seconds)
+            self._skipping = self.exchange.arm(self.steps_done, seconds, not_before=self._validated_at)
+            self._validated_at = 0.0
+
+    @override
+    def on_validation_end(self) -> None:
+        super().on_validation_end()
+        # a validation need not end with a collective: the next step's deadline counts from its end here
+        self._validated_at = time.monotonic()
 
     @override
     def skip_this_batch(self) -> bool:
