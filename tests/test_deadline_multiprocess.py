@@ -29,7 +29,7 @@ def test_a_collapsed_rank_is_cut_from_steps_at_4_ranks_and_every_rank_ends_on_on
     step period) cuts it from steps before the re-plan gives it fewer samples; the cuts are counted as
     dropped samples; every rank applies the same updates."""
     injector = StragglerInjector(TransientSchedule([SlowdownEvent(2, 30.0, 10, None)]), device_ms_per_sample=4.0)
-    strategy = AdaptiveStrategy(window_steps=0, react_steps=2)
+    strategy = AdaptiveStrategy(window_steps=0, react_steps=2, deadline_factor=3.0)
     trainer = fit(make_model(), strategy, 4, 8, 24, callbacks=[injector, RankSpread()])
     cuts = _cuts(strategy)
     assert cuts and all(c["step"] >= 10 for c in cuts if 2 in c["ranks"]), cuts
@@ -46,7 +46,7 @@ def test_random_straggler_schedule_at_8_ranks_finishes_with_cuts_and_one_model()
     steps, the deadline cut some ranks from some steps, and the ranks end on the same parameters."""
     schedule = RandomSchedule(seed=5, probability=0.25, factor_min=10.0, factor_max=30.0, duration_min=2,
                               duration_max=6, window_steps=6)
-    strategy = AdaptiveStrategy(window_steps=6, react_steps=2)
+    strategy = AdaptiveStrategy(window_steps=6, react_steps=2, deadline_factor=3.0)
     trainer = fit(make_model(), strategy, 8, 4, 30,
                   callbacks=[StragglerInjector(schedule, device_ms_per_sample=5.0), RankSpread(), StepsTaken()])
     assert trainer.callback_metrics["steps_taken"].item() == 30

@@ -289,7 +289,7 @@ def test_adaptive_deadline_cuts_a_collapsed_rank_and_its_samples_and_wins_over_w
     amends the lower bound), and the run is faster than waiting."""
     strag = {"scenario": "transient", "events": [{"rank": 0, "factor": 10.0, "start_step": 30, "end_step": 90}]}
     w = workload(4, strag, steps=120)
-    cut = simulate("adaptive", w, INFINIBAND_200G, window_steps=0)
+    cut = simulate("adaptive", w, INFINIBAND_200G, window_steps=0, deadline_factor=3.0)
     wait = simulate("adaptive", w, INFINIBAND_200G, window_steps=0, deadline_factor=0)
     cuts = [e for e in cut.events if e["kind"] == "deadline_cut"]
     assert cuts and cuts[0]["step"] == 30 and all(e["ranks"] == [0] for e in cuts)

@@ -14,7 +14,7 @@ collapsed worker gets few samples or, with ``tune_workers`` (on by default here)
 one-sample placeholder with weight 0 until its measured speed recovers, when the next re-plan gives it
 samples again.
 
-Within a step (``deadline_factor``, ``policies/deadline.py``): a rank that has not handed its gradients
+Within a step (``deadline_factor``, off by default, ``policies/deadline.py``): a rank that has not handed its gradients
 in ``deadline_factor`` x the step period after the group's last collective is cut from the step: a helper
 thread hands in zeros for it (``comm/deadline.py``), the others' gradients are weighted by their samples
 over the samples that arrived, and the late rank drops its own gradient of that step and takes the
@@ -52,7 +52,7 @@ class AdaptiveStrategy(BoaStrategy):
         history_steps: per-step points per worker the time models are fitted on (>= ``react_steps``).
         tune_workers: give no samples to workers that cost more time than they add (default True here).
         deadline_factor: a step closes without a rank that has not handed its gradients in this many step
-            periods after the group's last collective (0 = no deadline; else in (1, 1000], default 3).
+            periods after the group's last collective (0 = no deadline, the default; else in (1, 1000], e.g. 3).
         deadline_history_steps: steps the step period's median is taken over (>= 5, default 20).
         global_batch, min_local_batch, max_local_batch, window_steps, rebalance_gain, initial_batch_sizes,
         seed: as :class:`BoaStrategy` (``window_steps``: also re-plan every N steps; 0 = only on changes).
