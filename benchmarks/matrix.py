@@ -1254,13 +1254,15 @@ AGGREGATE_ONLY_FLAGS = ["--shipped", "--no-plots"]
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     raw = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(raw)
-    measured_argv = None  # a re-aggregation records the measuring invocation's own command line
-    if a.aggregate_only and not _without(raw, ["--aggregate-only"], AGGREGATE_ONLY_FLAGS):
+    measured_argv = None  # a re-aggregation (or a resumed grid) records the measuring invocation's command line
+    directory = a.aggregate_only or a.resume
+    if directory and not _without(raw, ["--aggregate-only", "--resume"], AGGREGATE_ONLY_FLAGS):
         # only the directory given: re-plan with the options of the invocation that measured it
         # summary.json's settings; an interrupted grid has none yet, only the invocation written at its start
+        flag = "--aggregate-only" if a.aggregate_only else "--resume"
         before = {}
         for name, key in (("summary.json", "settings"), (INVOCATION_JSON, None)):
-            path = os.path.join(a.aggregate_only, name)
+            path = os.path.join(directory, name)
             if os.path.exists(path):
                 with open(path) as f:
                     before = json.load(f)
@@ -1270,8 +1272,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if before.get("argv") is not None:
             measured_argv = list(before["argv"])
             raw = _without(before["argv"], ["--output-dir", "--resume", "--aggregate-only"], ["--dry-run"]) + raw
-            print(f"[matrix] --aggregate-only: the measuring invocation's options {shlex.join(raw)}", flush=True)
+            print(f"[matrix] {flag}: the measuring invocation's options {shlex.join(raw)}", flush=True)
             a = parse_args(raw)
+        elif a.resume:  # else the default grid would run into another grid's directory
+            print(f"error: --resume {directory}: no recorded options there ({INVOCATION_JSON} or summary.json); "
+                  "give the grid's options as well", file=sys.stderr)
+            sys.exit(2)
     # recorded: the options that define the grid (a re-aggregation records those, not its own directory)
     a.argv = measured_argv or (_without(raw, ["--aggregate-only"], AGGREGATE_ONLY_FLAGS) if a.aggregate_only else raw)
     started, load_start = time.time(), _load()

@@ -494,8 +494,7 @@ def test_tiny_grid_end_to_end(tmp_path):
     before = {name: json.loads((out / "runs" / name / "summary.json").read_text())
               for name in ("ring_none_N2_seed0", "dpar_none_N2_seed0")}
     (out / "solo" / "f1" / "summary.json").unlink()
-    again = m.main(["--algorithms", "ring", "dpar", "--scenarios", "none", "--world-sizes", "2", "--seeds", "1",
-                    "--steps", "8", "--resume", str(out)])
+    again = m.main(["--resume", str(out)])  # the directory alone: the grid's options are the recorded ones
     reused = {c.get("run") or f"solo:{c.get('factor', 0):g}": c.get("reused", False) for c in again["commands"]}
     assert reused == {"solo:1": False, "ring_none_N2_seed0": True, "dpar_none_N2_seed0": True}
     # the reused records are the journaled ones, with the original command lines
@@ -514,6 +513,15 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert shipped["settings"] | {"argv": None} == again["settings"] | {"argv": None}
     for k in ("cells", "runs", "noise", "noise_runs", "comm_cost", "calibration", "commands", "total_runtime_s"):
         assert json.loads(json.dumps(shipped[k], default=str)) == json.loads(json.dumps(again[k], default=str)), k
+
+
+def test_resume_of_a_directory_without_recorded_options_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        m.main(["--resume", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "no recorded options" in err
+    assert os.listdir(tmp_path) == []  # nothing ran, nothing written
 
 
 def test_resume_needs_a_directory_alone(tmp_path, capsys):
