@@ -40,7 +40,7 @@ class DeadlineExchange:
         self._deadline = 0.0  # time.monotonic() when the helper hands the armed step in
         self._anchor = 0.0  # the group's last shared moment when the step was armed
         self._taken: Optional[int] = None  # the last step handed in, by either thread
-        self._cut: dict = {}  # step -> [tensors, handle] handed in by the helper
+        self._cut: dict = {}  # step -> {"zeros", "handle", "done"}: handed in with zeros for this rank
         self._stop = False
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._helper, name="deadline-exchange", daemon=True)
@@ -66,10 +66,6 @@ class DeadlineExchange:
             self._cv.notify_all()
             return False
 
-    def is_cut(self, step: int) -> bool:
-        with self._cv:
-            return step in self._cut
-
     def exchange(self, step: int, tensors: Sequence[torch.Tensor]) -> tuple:
         """Hand ``tensors`` in for ``step`` (in place: they hold the sum afterwards) unless the helper has
         handed zeros in for it; returns (the result tensors, whether this rank was cut)."""
@@ -77,9 +73,7 @@ class DeadlineExchange:
             self._raise_helper_error()
             cut = step in self._cut
             if not cut:
-                if self._taken is not None and step <= self._taken:
-                    raise RuntimeError(f"deadline exchange: step {step} handed in twice (last {self._taken})")
-                self._taken, self._armed = step, None  # the helper no longer hands it in
+                self._take(step)  # the helper no longer hands it in
                 handle = self.comm.allreduce_grouped_async_(list(tensors), op="sum", tag=self.tag)
         if not cut:
             self.comm.finish(handle, tag=self.tag)
@@ -100,12 +94,15 @@ class DeadlineExchange:
         self._raise_helper_error()
 
     # --- the helper thread ---------------------------------------------------------------------------
-    def _hand_in_zeros(self, step: int, waited_s: float) -> None:
-        # (holding the lock) the step is this rank's to hand in, once
+    def _take(self, step: int) -> None:
+        # (holding the lock) the step is this rank's to hand in, once, by whichever thread calls this
         if self._taken is not None and step <= self._taken:
             raise RuntimeError(f"deadline exchange: step {step} handed in twice (last {self._taken})")
-        zeros = self.zeros_for(step, waited_s)
         self._taken, self._armed = step, None
+
+    def _hand_in_zeros(self, step: int, waited_s: float) -> None:
+        zeros = self.zeros_for(step, waited_s)
+        self._take(step)
         handle = self.comm.allreduce_grouped_async_(zeros, op="sum", tag=self.tag)
         self._cut[step] = {"zeros": zeros, "handle": handle, "done": False}
         self._cv.notify_all()

@@ -171,10 +171,8 @@ class AdaptiveStrategy(BoaStrategy):
                 self.detector.amend_last(rank, seconds)
         sizes = list(self.schedule.at(self.steps_done))
         scale = deadline_policy.arrived_scale(sizes, arrived)
-        if scale is None:  # no rank made the step: no update at all (a zero gradient would still move momentum)
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    p.grad = None
+        if scale is None:  # no rank made the step: no update at all
+            self.drop_gradients(optimizer)
         elif scale != 1.0:
             for g in grads:
                 g.mul_(scale)

@@ -345,6 +345,14 @@ class HorovodStrategy(ParallelStrategy):
                 grads.append(p.grad)
         return grads
 
+    @staticmethod
+    def drop_gradients(optimizer: Optimizer) -> None:
+        """No update this step: the optimizer passes over parameters without a gradient (a zero gradient
+        would still move momentum)."""
+        for param_group in optimizer.param_groups:
+            for p in param_group["params"]:
+                p.grad = None
+
     def record_event(self, kind: str, **details: Any) -> Dict[str, Any]:
         """A decision or membership change: kept for ``summary.json`` and told to the log (rank 0)."""
         event = {"kind": kind, "step": self.steps_done, **details}
@@ -388,9 +396,7 @@ class HorovodStrategy(ParallelStrategy):
         step = self.steps_done
         loss_value = float(loss.detach().float().mean()) if isinstance(loss, Tensor) and mine_bad else None
         if self.nonfinite == "skip":
-            for param_group in optimizer.param_groups:  # the optimizer passes over parameters without a gradient
-                for p in param_group["params"]:
-                    p.grad = None
+            self.drop_gradients(optimizer)
             self.nonfinite_skips += 1
             self.record_event("nonfinite_skipped", step=step, ranks=culprits, group=members,
                               note="optimizer step skipped on these ranks (trainer.nonfinite=skip)")
