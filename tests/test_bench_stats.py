@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import shutil
+import statistics
 
 import pytest
 
@@ -194,6 +195,40 @@ def test_versus_best_within_noise_takes_each_cells_target_from_ring_run_twice(tm
         versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa", "--within-noise"])
     assert refused.value.code == 2
     assert "--within-noise:" in (err := capsys.readouterr().err) and "has no ring#2 runs" in err, err
+
+
+def test_versus_best_by_median_divides_every_seed_by_the_cells_best_strategy(tmp_path):
+    """--best-by median: per cell one candidate, the one with the highest median throughput over the seeds,
+    divides X in every seed (recomputed here). On the committed 4-worker grid the none cell is where the two
+    rules differ: per seed the best is ring in three seeds and awar in one, by median it is ring."""
+    from benchmarks import versus_best
+
+    results = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "matrix")
+    shutil.copy(os.path.join(results, "20261204-N4-adaptive", "runs.jsonl"), tmp_path / "runs.jsonl")
+    against = ["ring", "awar", "boa"]
+    per_seed = versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", *against, "--within-noise"])
+    by_median = versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", *against, "--within-noise",
+                                  "--best-by", "median"])
+    runs = versus_best.read_runs(str(tmp_path))
+    assert [c["scenario"] for c in by_median] == [c["scenario"] for c in per_seed]
+    for cell in by_median:
+        sc, seeds = cell["scenario"], cell["seeds"]
+        medians = {a: statistics.median(runs[(a, sc, 4, sd)]["throughput_samples_per_s"] for sd in seeds) for a in against}
+        best = max(medians, key=medians.get)
+        assert cell["best_by"] == "median" and cell["per_seed_best"] == [best] * len(seeds)
+        want = [runs[("adaptive", sc, 4, sd)]["throughput_samples_per_s"] / runs[(best, sc, 4, sd)]["throughput_samples_per_s"]
+                for sd in seeds]
+        assert cell["per_seed_ratio"] == pytest.approx(want)
+        assert cell["ratio"] == stats.labelled(want)
+    none_seed = next(c for c in per_seed if c["scenario"] == "none")
+    none_median = next(c for c in by_median if c["scenario"] == "none")
+    assert sorted(none_seed["per_seed_best"]) == ["awar", "ring", "ring", "ring"]
+    assert none_median["per_seed_best"] == ["ring"] * 4
+    assert none_median["noise"] == none_seed["noise"]  # the threshold does not depend on the rule
+    with open(tmp_path / "versus_best_adaptive.md") as f:
+        assert "highest median throughput in the cell" in f.read()
+    with pytest.raises(ValueError, match="best_by must be one of seed, median"):
+        versus_best.compare(runs, "adaptive", against, 1.0, best_by="mean")
 
 
 def test_recovery_is_the_share_of_rings_loss_to_the_ideal_won_back(tmp_path):
