@@ -2,7 +2,9 @@
 windows built from it."""
 from __future__ import annotations
 
-from lightning_straggler.policies.boundary import is_boundary
+import pytest
+
+from lightning_straggler.policies.boundary import boundary_eta, is_boundary, next_boundary, outside_rank_holds
 
 
 def test_window_ends_epoch_ends_run_end_validation_and_checkpoints_are_boundaries():
@@ -14,6 +16,34 @@ def test_window_ends_epoch_ends_run_end_validation_and_checkpoints_are_boundarie
     assert is_boundary(4, 20, last_of_epoch=False, validation_follows=True)
     assert is_boundary(14, 20, last_of_epoch=False, checkpoint_every=[0, 15])
     assert not is_boundary(13, 20, last_of_epoch=False, checkpoint_every=[0, 15])
+
+
+def test_next_boundary_is_the_first_position_the_rule_calls_one():
+    # windows of 20, validation after every 10th batch of an epoch of 25 batches starting at position 25
+    kw = dict(epoch_start=25, epoch_batches=25, validation_every=10)
+    assert next_boundary(24, 20, **kw) == 34  # batch 9 of the epoch: a validation follows
+    assert next_boundary(34, 20, **kw) == 39  # the window's end
+    assert next_boundary(39, 20, **kw) == 44  # batch 19: validation
+    assert next_boundary(44, 20, **kw) == 49  # the epoch's last batch
+    assert next_boundary(5, 20, epoch_start=0) == 19  # nothing else known: the window's end
+    assert next_boundary(5, 20, epoch_start=0, total_steps=12) == 11  # the run's last step
+    assert next_boundary(5, 20, epoch_start=0, checkpoint_every=[8]) == 7  # a step-based checkpoint
+    for after in range(60):  # agrees with is_boundary everywhere
+        want = next(p for p in range(after + 1, after + 21)
+                    if is_boundary(p, 20, last_of_epoch=p == 49, validation_follows=(p - 25 + 1) % 10 == 0 and p >= 25))
+        if after >= 24:
+            assert next_boundary(after, 20, **kw) == want
+
+
+def test_an_outside_rank_holds_only_when_its_next_step_would_end_after_the_predicted_boundary():
+    eta = boundary_eta(100.0, 10, 0.1)  # left the last boundary at 100 s, 10 group steps of 0.1 s to go
+    assert eta == pytest.approx(101.0)
+    assert not outside_rank_holds(100.5, eta, 0.4, 1)  # ends at 100.9: computes
+    assert outside_rank_holds(100.7, eta, 0.4, 1)  # would end at 101.1: waits for the boundary instead
+    assert not outside_rank_holds(100.7, eta, 0.4, 0)  # no local step yet this window: computes (measured)
+    assert not outside_rank_holds(100.7, None, 0.4, 3)  # no prediction: computes
+    assert not outside_rank_holds(100.7, eta, None, 3)
+    assert boundary_eta(100.0, 10, None) is None and boundary_eta(100.0, 10, 0.0) is None
 
 
 def test_the_simulators_windows_end_where_the_rule_says():

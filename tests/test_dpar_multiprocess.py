@@ -40,6 +40,20 @@ def test_transient_straggler_is_excluded_then_readmitted_with_the_group_model():
     assert strategy.run_report["discarded_samples"] > 0  # rank 3's local steps were not counted
 
 
+def test_an_outside_rank_holds_for_the_boundary_instead_of_being_waited_for():
+    """rank 3 is 4x slow all run (4 x 2 ms x 8 samples = 64 ms of device time a step), a window is 8 group
+    steps of about 16 ms plus the all-reduce: out of the group it fits two or three local steps in a window,
+    and where the next one would end after the group's predicted boundary it waits in join() instead
+    (policies/boundary.outside_rank_holds; counted in the run report). dpar discards those local steps'
+    updates anyway: everyone ends on the group's model."""
+    injector = StragglerInjector(StaticSchedule([1.0, 1.0, 1.0, 4.0]), device_ms_per_sample=2.0)
+    strategy = DparStrategy(window_steps=8, react_steps=0, strikeout_ratio=1000.0)
+    trainer = fit(make_model(), strategy, 4, 8, 64, callbacks=[injector, RankSpread()])
+    assert transitions(strategy) == [(3, "active", "slow")]  # out at the first boundary, for the whole run
+    assert strategy.run_report["outside_rank_holds"] >= 1
+    assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
+
+
 def test_checkpoints_hold_the_group_model_while_rank_0_is_excluded(tmp_path):
     """Lightning writes rank 0's model; with rank 0 out of the group that must still be the group's."""
     injector = StragglerInjector(StaticSchedule([12.0, 1.0, 1.0, 1.0]), device_ms_per_sample=3.0)

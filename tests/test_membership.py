@@ -14,7 +14,9 @@ def test_dpar_membership_excludes_readmits_and_strikes_out():
     d = m.decide([1.0, 1.0, 1.0, 4.0])  # 4x: keeping it costs 4 active x 3 s, excluding 1 x 1.5
     assert m.group() == (0, 1, 2) and m.states == [ACTIVE, ACTIVE, ACTIVE, SLOW]
     assert m.computes_outside_group(3)  # a SLOW rank keeps stepping alone
-    assert m.merges((0, 1, 2, 3), m.group())  # someone is out: the group's model is broadcast
+    assert not m.merges((0, 1, 2, 3), m.group())  # it leaves holding the group's model: nothing to broadcast
+    assert m.merges((0, 1, 2), m.group(), model_read=True)  # out, and a validation/checkpoint/end follows
+    assert not m.merges((0, 1, 2), m.group(), model_read=False)  # out, a mere window end: its copy is not read
     event = m.transition_event(d.transitions[0], d.group_time)
     assert event == {"rank": 3, "from_state": ACTIVE, "to_state": SLOW, "ratio": 4.0, "keep_cost": 12.0,
                      "exclude_cost": 1.5, "reason": d.transitions[0].reason, "group_time": 1.0}
@@ -22,7 +24,7 @@ def test_dpar_membership_excludes_readmits_and_strikes_out():
     assert m.group() == (0, 1, 2)  # hysteresis: one fast window is not enough
     m.decide([1.0, 1.0, 1.0, 1.1])
     assert m.group() == (0, 1, 2, 3)
-    assert m.merges((0, 1, 2), m.group())  # the re-admitted rank takes the group's model
+    assert m.merges((0, 1, 2), m.group(), model_read=False)  # the re-admitted rank takes the group's model
     for _ in range(2):
         m.decide([1.0, 1.0, 1.0, 10.0])
     m.decide([1.0, 1.0, 1.0, 10.0])

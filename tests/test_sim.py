@@ -219,16 +219,22 @@ def _costs(algorithm, w, **params):
     return simulate(algorithm, w, CONTROLLED, **params).wall_s - simulate(algorithm, w, free_ctrl, **params).wall_s
 
 
-def test_dpar_pays_the_state_broadcast_at_every_boundary_while_someone_is_excluded():
+def test_dpar_pays_the_state_broadcast_while_someone_is_excluded_only_before_the_model_is_read():
     # rank 3 permanently 10x slow: excluded at the first boundary and never back; 6 boundaries in all
     # (window ends only: react_steps=0)
     w = workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}, state_tensors=6)
     res = simulate("dpar", w, CONTROLLED, window_steps=20, react_steps=0)
     assert any(e["kind"] == "transition" and e["step"] == 19 for e in res.events)
     c = CONTROLLED.control_op_s
-    # per boundary: allgather (1 call); from the first on, the state broadcast (6 tensors + 2 for the
-    # optimizer object); from the second on, the signal (1 call); 4 ranks: static process sets
-    calls = 6 * 1 + 6 * 8 + 5 * 1
+    # per boundary: allgather (1 call); from the second on, the signal (1 call). The state broadcast (6
+    # tensors + 2 for the optimizer object) only where the model is read next: the run's end (119); not at
+    # the exclusion (rank 3 leaves holding the group's model) nor at mere window ends
+    calls = 6 * 1 + 1 * 8 + 5 * 1
+    assert _costs("dpar", w, window_steps=20, react_steps=0) == pytest.approx(calls * c, rel=1e-9)
+    # with a validation after every 40th step the broadcast comes before each of them too (39, 79, 119)
+    w = workload(4, steps=120, straggler={"scenario": "static", "factors": [1, 1, 1, 10]}, state_tensors=6,
+                 val_every_steps=40)
+    calls = 6 * 1 + 3 * 8 + 5 * 1
     assert _costs("dpar", w, window_steps=20, react_steps=0) == pytest.approx(calls * c, rel=1e-9)
 
 
@@ -239,8 +245,9 @@ def test_dpar_early_boundary_excludes_after_react_steps_and_costs_one_more_bound
     assert [(e["kind"], e["step"]) for e in res.events][:2] == [("transition", 2), ("early_boundary", 2)]
     assert [e["step"] for e in res.events if e["kind"] == "early_boundary"] == [2]  # none while it is out
     c = CONTROLLED.control_op_s
-    # boundaries 2, 19, 39, ..., 119: 7 allgathers, 7 state broadcasts (8 calls), 6 signals (someone outside)
-    assert _costs("dpar", w, window_steps=20, react_steps=3) == pytest.approx((7 + 7 * 8 + 6) * c, rel=1e-9)
+    # boundaries 2, 19, 39, ..., 119: 7 allgathers, 6 signals (someone outside), one state broadcast (8 calls,
+    # before the run's end)
+    assert _costs("dpar", w, window_steps=20, react_steps=3) == pytest.approx((7 + 1 * 8 + 6) * c, rel=1e-9)
     # and the group stops waiting for the straggler 17 steps sooner than with window ends only
     late = simulate("dpar", w, CONTROLLED, window_steps=20, react_steps=0)
     assert res.wall_s < late.wall_s - 15 * 9 * w.base_step_s(w.batch_per_worker)
@@ -301,3 +308,24 @@ def test_adaptive_deadline_cuts_a_collapsed_rank_and_its_samples_and_wins_over_w
              for r in (cut, wait)]
     assert plans[0] == plans[1] and plans[0][0] < w.batch_per_worker
     assert cut.throughput_samples_per_s > wait.throughput_samples_per_s
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_an_outside_rank_holding_for_the_boundary_saves_the_group_its_wait(n, monkeypatch):
+    """A 4x transient straggler (steps 100-199 of 300) is out of dpar's group for several windows. With the
+    hold (policies/boundary.outside_rank_holds, as the strategy) it starts no local step predicted to end
+    after the group reaches a boundary, so the group does not wait there for it: the run is shorter by at
+    least a quarter straggler step per hold, with the same samples trained; without the hold it computes
+    more local steps, whose updates dpar discards anyway."""
+    import lightning_straggler.sim.partial_group as protocol
+
+    w = workload(n, steps=300, straggler={"scenario": "transient", "events": [
+        {"rank": n - 1, "factor": 4.0, "start_step": 100, "end_step": 200}]})
+    held = simulate("dpar", w, CONTROLLED, window_steps=20)
+    monkeypatch.setattr(protocol, "outside_rank_holds", lambda *args: False)
+    waited = simulate("dpar", w, CONTROLLED, window_steps=20)
+    holds = waited.per_rank_steps[-1] - held.per_rank_steps[-1]
+    assert holds >= 3  # one per window out, from the second on (the first window's period includes the slow steps)
+    assert held.per_rank_steps[:-1] == waited.per_rank_steps[:-1] and held.train_samples == waited.train_samples
+    straggler_step = 4 * w.base_step_s(w.batch_per_worker)
+    assert held.wall_s < waited.wall_s - holds * straggler_step / 4

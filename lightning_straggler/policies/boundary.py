@@ -8,11 +8,17 @@ A position (0-based optimizer step) ends a window and everyone meets after it wh
     ``react_steps`` steps in a row.
 The strategy (strategies/partial_group.py) reads those facts from Lightning's loop; the simulator
 (sim/partial_group.py) from its workload. Both ask this function, so they cannot drift apart.
+
+A rank outside the group learns of a boundary only between two of its local steps, so the group waits
+there for the local step in flight (up to one of the straggler's steps). ``outside_rank_holds`` lets it
+wait for the boundary instead of starting a step predicted to end after the group gets there
+(``next_boundary``: where; the group's step period from the last boundary's numbers: when).
 """
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import Optional
 
 #: steps in a row a rank must be slow before the group holds a boundary early (0 = only at window ends)
 DEFAULT_REACT_STEPS = 3
@@ -24,14 +30,57 @@ def is_boundary(position: int, window_steps: int, *, last_of_epoch: bool, total_
 
     ``total_steps`` <= 0 means no step limit; ``checkpoint_every`` lists step-based checkpoint periods
     (0 = none)."""
+    return (position + 1) % window_steps == 0 or model_read_after(
+        position, last_of_epoch=last_of_epoch, total_steps=total_steps, validation_follows=validation_follows,
+        checkpoint_every=checkpoint_every)
+
+
+def model_read_after(position: int, *, last_of_epoch: bool, total_steps: int = 0, validation_follows: bool = False,
+                     checkpoint_every: Iterable[int] = ()) -> bool:
+    """True when something reads the model after ``position``: a validation, a step-based checkpoint, the
+    epoch's end (its callbacks), the end of the run. Every boundary but a mere window end. DPAR hands
+    the group's model to ranks outside the group only before these (``policies/dpar.merges``)."""
     step = position + 1
-    if step % window_steps == 0 or last_of_epoch:
-        return True
-    if total_steps > 0 and step >= total_steps:
+    if last_of_epoch or (total_steps > 0 and step >= total_steps):
         return True
     if any(every > 0 and step % every == 0 for every in checkpoint_every):
         return True
     return bool(validation_follows)
+
+
+def next_boundary(after: int, window_steps: int, *, epoch_start: int, epoch_batches: int = 0, total_steps: int = 0,
+                  validation_every: int = 0, checkpoint_every: Iterable[int] = ()) -> int:
+    """The first position after ``after`` that :func:`is_boundary` calls a boundary, from the facts known
+    ahead: the current epoch began at position ``epoch_start`` and has ``epoch_batches`` batches (0 =
+    unknown), a validation follows every ``validation_every``-th batch of an epoch (0 = none). Early
+    boundaries are not predicted (there are none while a rank is outside the group)."""
+    checkpoint_every = tuple(checkpoint_every)
+    for position in range(after + 1, after + window_steps + 1):
+        index = position - epoch_start  # the batch's index in its epoch
+        if is_boundary(position, window_steps, last_of_epoch=epoch_batches > 0 and index == epoch_batches - 1,
+                       total_steps=total_steps, checkpoint_every=checkpoint_every,
+                       validation_follows=validation_every > 0 and (index + 1) % validation_every == 0):
+            return position
+    raise AssertionError("a window's end lies within window_steps positions")  # (position + 1) % window_steps == 0
+
+
+def outside_rank_holds(now_s: float, boundary_eta_s: Optional[float], own_step_s: Optional[float],
+                       local_steps_since_boundary: int) -> bool:
+    """Whether a rank outside the group waits for the next boundary instead of starting another local step:
+    when that step is predicted to end after the group reaches the boundary (``boundary_eta_s``), which
+    would otherwise wait for it there. A rank always computes one local step per window, so its speed is
+    still measured (re-admission and strike-out decide on it); without a prediction it computes."""
+    if local_steps_since_boundary < 1 or boundary_eta_s is None or own_step_s is None:
+        return False
+    return now_s + own_step_s > boundary_eta_s
+
+
+def boundary_eta(left_last_boundary_s: float, steps_to_boundary: int, group_step_s: Optional[float]) -> Optional[float]:
+    """When the group is predicted to reach its next boundary: ``steps_to_boundary`` of its steps after it
+    left the last one (None without a step period)."""
+    if group_step_s is None or not group_step_s > 0:
+        return None
+    return left_last_boundary_s + steps_to_boundary * group_step_s
 
 
 class EarlyBoundary:

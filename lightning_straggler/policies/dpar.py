@@ -455,10 +455,15 @@ class DparMembership:
         self.memory = decision.memory
         return decision
 
-    def merges(self, old_group: Sequence[int], new_group: Sequence[int]) -> bool:
-        """DPAR's merge rule: while any rank is or was outside the group, everyone continues from the old
-        group's model (its leader broadcasts the training state); local updates outside it are dropped."""
-        return len(old_group) < self.world_size or len(new_group) < self.world_size
+    def merges(self, old_group: Sequence[int], new_group: Sequence[int], model_read: bool = True) -> bool:
+        """DPAR's merge rule: a rank that was outside the group continues from the old group's model (its
+        leader broadcasts the training state; local updates outside it are dropped) when it comes back, and
+        before anything reads the model (``model_read``: a validation, checkpoint, epoch end or the end of
+        the run; ``policies/boundary.model_read_after``), so every rank holds the group's model there. A
+        rank that leaves the group holds the group's model already, and at a mere window end nothing reads
+        an outside rank's copy: no broadcast."""
+        outside_before = len(old_group) < self.world_size
+        return outside_before and (bool(set(new_group) - set(old_group)) or model_read)
 
     @staticmethod
     def transition_event(transition: Transition, group_time: float) -> dict:

@@ -66,7 +66,7 @@ class AwarPolicy(GroupPolicy):
         for change in self.membership.classify([row[1] for row in rows]):
             self.events.append({"kind": "classification", "step": position, **change})
 
-    def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
+    def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload, model_read: bool = True) -> float:
         return merge_s(network, workload) if self.membership.merges(old_group) else 0.0
 
 

@@ -1,7 +1,8 @@
 """``dpar``: the partial-group protocol with DPAR's decisions (``policies/dpar.decide``).
 
-Merge: when any rank is or was excluded (before or after this boundary's decision), the old group's
-leader broadcasts the training state to everyone, as ``DparStrategy.on_boundary`` /
+Merge (``policies/dpar.merges``): when an excluded rank is re-admitted, and before the model is read (a
+validation, an epoch end, the run's end) while a rank is excluded, the old group's leader broadcasts
+the training state to everyone, as ``DparStrategy.on_boundary`` /
 ``broadcast_training_state``: each of the ``state_tensors`` tensors of the module's state_dict in its
 own broadcast (grad_bytes in all), then the optimizer's state_dict with ``broadcast_object`` (its
 pickled length, then ``optimizer_state_bytes``); every call a control call (alpha-beta +
@@ -10,7 +11,7 @@ pickled length, then ``optimizer_state_bytes``); every call a control call (alph
     state_broadcast_s = state_tensors * control_s(N, broadcast, grad_bytes / state_tensors)
                         + broadcast_object_s(N, optimizer_state_bytes)
 
-So it is paid at every boundary while someone is excluded, not only when membership changes. A SLOW rank keeps
+So while someone is excluded it is paid before every validation, not only when membership changes. A SLOW rank keeps
 doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank computes nothing.
 """
 from __future__ import annotations
@@ -57,8 +58,9 @@ class DparPolicy(GroupPolicy):
             self.events.append({"kind": "transition", "step": position,
                                 **self.membership.transition_event(t, decision.group_time)})
 
-    def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload) -> float:
-        return state_broadcast_s(network, workload) if self.membership.merges(old_group, new_group) else 0.0
+    def merge_cost_s(self, old_group, new_group, network: Network, workload: Workload, model_read: bool = True) -> float:
+        merges = self.membership.merges(old_group, new_group, model_read)
+        return state_broadcast_s(network, workload) if merges else 0.0
 
 
 def state_broadcast_s(network: Network, workload: Workload) -> float:

@@ -17,7 +17,10 @@ cost plus the fixed ``control_op_s``):
 
 1. the group has finished position p at time T and joins; an outside rank's join returns and it
    notices at the end of the local step it is in at T (or, if it reached position p itself, it
-   blocks until T). The boundary starts when the last of them arrives. The join is one control call
+   blocks until T). It does not start a local step predicted to end after the group gets there
+   (``policies/boundary.outside_rank_holds``, the strategy's rule, on the group's median step of the
+   window before and the rank's last local steps), but always computes one per window. The boundary
+   starts when the last of them arrives. The join is one control call
    over everyone (modelled as an 8-byte all-reduce), paid only when someone is outside;
 2. everyone all-gathers its window numbers (position, median compute per step, samples, steps, local
    steps): allgather(N, boundary_bytes);
@@ -37,7 +40,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from lightning_straggler.policies.boundary import EarlyBoundary, is_boundary
+from lightning_straggler.policies.boundary import (EarlyBoundary, boundary_eta, is_boundary, model_read_after,
+                                                   outside_rank_holds)
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
 from lightning_straggler.sim.workload import Workload
@@ -65,7 +69,9 @@ class GroupPolicy:
         raise NotImplementedError
 
     def merge_cost_s(self, old_group: tuple[int, ...], new_group: tuple[int, ...], network: Network,
-                     workload: Workload) -> float:
+                     workload: Workload, model_read: bool = True) -> float:
+        """The merge's cost at a boundary; ``model_read``: something reads the model after it (a validation,
+        an epoch end, the end of the run: policies/boundary.model_read_after)."""
         return 0.0
 
     def counts_local_samples(self) -> bool:
@@ -94,6 +100,7 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
     step_times: list[float] = []
     step_samples: list[float] = []
     start = 0
+    group_step_s: Optional[float] = None  # the group's median step of the last window: outside ranks' prediction
     while start < steps:
         group = policy.group()
         watching = policy.early is not None and policy.early.enabled and len(group) == n
@@ -121,8 +128,9 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
             steps_in_window[r] = len(positions)
         samples += float(len(group) * b * len(positions))
         step_samples.extend([float(len(group) * b)] * len(positions))
-        # outside ranks: local steps until they meet the signal
+        # outside ranks: local steps until they meet the signal, or hold for it
         arrive = t_group
+        eta = boundary_eta(time_now, len(positions), group_step_s)
         for r in range(n):
             if r in in_group or not policy.computes_outside_group(r):
                 continue
@@ -130,6 +138,8 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
             for q in positions:
                 if t >= t_group:
                     break  # polled the signal between two local steps
+                if outside_rank_holds(t, eta, float(np.median(times[-3:])) if times else None, len(times)):
+                    break  # waits in join() for the signal
                 c = float(workload.compute_s(r, q))
                 times.append(c)
                 t += c + loop
@@ -150,10 +160,13 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         if policy.early is not None:
             policy.early.reset()
         new_group = policy.group()
-        t += policy.merge_cost_s(group, new_group, network, workload)
+        model_read = model_read_after(end, last_of_epoch=workload.last_of_epoch(end), total_steps=workload.steps,
+                                      validation_follows=workload.validation_follows(end))
+        t += policy.merge_cost_s(group, new_group, network, workload, model_read)
         for r in set(new_group) - in_group:
             local_steps[r] = 0
         step_times[-1] += t - t_group  # the boundary belongs to the window's last step
+        group_step_s = float(np.median(group_steps))
         time_now = t
         free_at[:] = t
         for r in set(range(n)) - in_group:

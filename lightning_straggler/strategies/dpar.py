@@ -7,10 +7,13 @@ Decisions (``policies/dpar.py``: median compute per window against the group's, 
 keep/exclude cost model, hysteresis, ``min_active``) are taken at boundaries by every rank from the
 same gathered numbers.
 
-Merge rule: if any rank is or was excluded, the old group's leader broadcasts parameters, buffers and
-optimizer state to everyone. Excluded workers' local updates are thereby discarded (DPAR's
-definition; a re-admission logs how many local steps were dropped), and validation, checkpoints and
-the model handed back are the group's model. Batches an excluded rank passes over to catch up are
+Merge rule: when an excluded rank is re-admitted, and before anything reads the model (a validation, a
+checkpoint, an epoch end, the end of training) while a rank is excluded, the old group's leader
+broadcasts parameters, buffers and optimizer state to everyone (``policies/dpar.merges``; at a mere
+window end nothing reads an excluded rank's copy, and a rank leaving the group holds the group's model
+already). Excluded workers' local updates are thereby discarded (DPAR's definition; a re-admission
+logs how many local steps were dropped), and validation, checkpoints and the model handed back are the
+group's model. Batches an excluded rank passes over to catch up are
 omitted data, as in DPAR; samples of discarded local steps are not counted in ``train_samples``.
 
 ``reshard=True`` (off by default; none of the published systems does it): at each epoch start the
@@ -30,7 +33,8 @@ from typing_extensions import override
 
 from lightning_straggler.config import DparConfig as D
 from lightning_straggler.policies.dpar import ACTIVE, DparMembership, DparThresholds
-from lightning_straggler.strategies.partial_group import LOCAL_STEPS, MEDIAN_COMPUTE, SAMPLES, PartialGroupStrategy
+from lightning_straggler.strategies.partial_group import (LOCAL_STEPS, MEDIAN_COMPUTE, MODEL_READ, SAMPLES,
+                                                          PartialGroupStrategy)
 
 
 class DparStrategy(PartialGroupStrategy):
@@ -133,7 +137,7 @@ class DparStrategy(PartialGroupStrategy):
         times = [None if r[MEDIAN_COMPUTE] != r[MEDIAN_COMPUTE] else r[MEDIAN_COMPUTE] for r in rows]  # NaN -> None
         decision = self.membership.decide(times)
         if self.global_rank not in old_group:
-            self.discarded_samples += int(rows[self.global_rank][SAMPLES])  # about to be overwritten
+            self.discarded_samples += int(rows[self.global_rank][SAMPLES])  # never reach the group's model
         for t in decision.transitions:
             details = self.membership.transition_event(t, decision.group_time)
             if t.to_state == ACTIVE:
@@ -141,7 +145,7 @@ class DparStrategy(PartialGroupStrategy):
                 details["note"] = "re-admitted with the group's parameters and optimizer state; local updates discarded"
             self.record_event("transition", step=position, **details)
         new_group = self.group()
-        if self.membership.merges(old_group, new_group):
+        if self.membership.merges(old_group, new_group, model_read=rows[old_group[0]][MODEL_READ] > 0.5):
             self.broadcast_training_state(root=old_group[0])  # everyone continues from the group's model
         if self.scale_lr and len(new_group) != len(old_group):
             for optimizer in self.optimizers:

@@ -15,9 +15,12 @@ step of training. At a boundary every rank:
   1. (if a rank is outside the group) meets the others in ``join()``: group members join when they
      reach p; an outside rank's helper-thread join then returns, and the rank notices it before its
      next local step (so the group waits for at most about one of its steps); an outside rank that
-     reaches position p itself waits for it;
+     reaches position p itself waits for it. An outside rank does not start a local step predicted to
+     end after the group reaches the boundary (it waits in ``join()`` instead, so the group does not wait
+     for it): ``policies/boundary.outside_rank_holds``, from the group's step period at the last boundary
+     and where the next boundary lies; it always computes one local step per window (its speed is measured);
   2. all-gathers its numbers for the window: its position, median compute time per step (before any
-     collective), samples and steps computed, local steps since it left the group;
+     collective), samples and steps computed, local steps since it left the group, median step period;
   3. runs the algorithm's ``on_boundary`` (the same decision on every rank from the same numbers, and
      the model merge: DPAR broadcasts the group's model, AWAR takes a weighted average);
   4. outside ranks pass over the batches between their position and p, so every rank is at the same
@@ -49,7 +52,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_straggler.policies.boundary import DEFAULT_REACT_STEPS, EarlyBoundary, is_boundary
+from lightning_straggler.policies.boundary import (DEFAULT_REACT_STEPS, EarlyBoundary, boundary_eta, is_boundary,
+                                                   model_read_after, next_boundary, outside_rank_holds)
 from lightning_straggler.policies.group_floor import max_outside
 from lightning_straggler.profiling import StepRecord
 from lightning_straggler.profiling import batch_size_of
@@ -58,7 +62,7 @@ from lightning_straggler.strategies.horovod_base import HorovodStrategy, _op_nam
 log = logging.getLogger(__name__)
 
 # Columns of the per-rank numbers gathered at a boundary.
-RANK, POSITION, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS = range(6)
+RANK, POSITION, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS, STEP_PERIOD, MODEL_READ = range(8)
 _REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
 
 
@@ -88,6 +92,11 @@ class PartialGroupStrategy(HorovodStrategy):
         self._batch_samples = 0
         self._local_steps = 0  # steps computed outside the group since this rank last (re)joined it
         self._just_synced = False
+        # when this rank left the last boundary (monotonic) and the group's median step period there: an
+        # outside rank's prediction of the next boundary (None until a boundary has measured the group)
+        self._left_boundary_s = 0.0
+        self._group_step_s: Optional[float] = None
+        self.boundary_holds = 0  # local steps this rank did not start, to meet a boundary without being waited for
 
     # --- what the algorithm decides ------------------------------------------------------------
     @abstractmethod
@@ -118,7 +127,9 @@ class PartialGroupStrategy(HorovodStrategy):
 
     @abstractmethod
     def on_boundary(self, rows: List[List[float]], old_group: Tuple[int, ...], position: int) -> None:
-        """Decide and merge. ``rows[r]`` holds rank r's numbers (columns RANK .. LOCAL_STEPS)."""
+        """Decide and merge. ``rows[r]`` holds rank r's numbers (columns RANK .. MODEL_READ; MODEL_READ is
+        meaningful in the old group's leader's row: whether something reads the model after this boundary,
+        as the leader, at the boundary's position, knows it; every rank takes the leader's)."""
 
     # --- helpers --------------------------------------------------------------------------------
     @property
@@ -155,6 +166,9 @@ class PartialGroupStrategy(HorovodStrategy):
         self._just_synced = False
         if self._join is not None and self.comm.join_done(self._join):
             self._boundary()  # the group has reached a boundary: join it now, then catch up
+        elif self._join is not None and self._holds_for_boundary():
+            self.boundary_holds += 1
+            self._boundary()  # wait in join() for the group instead of making it wait for this step
         elif self._join is None and not self.in_group and self.position - 1 > self._synced_through:
             # caught up with the group: from here to the next boundary this rank runs no collective
             self._join = self.comm.join_async()
@@ -185,18 +199,42 @@ class PartialGroupStrategy(HorovodStrategy):
         if here > self._synced_through and (self._early_due or self._is_boundary(here)):
             self._boundary()
 
-    def _is_boundary(self, position: int) -> bool:
-        """Lightning's facts about ``position``, judged by the one boundary rule (policies/boundary.py)."""
+    def _holds_for_boundary(self) -> bool:
+        """Outside the group, caught up, between boundaries: whether this batch's local step would end after
+        the group is predicted to reach its next boundary (policies/boundary.py decides)."""
+        if not self.computes_outside_group(self.global_rank):
+            return False
+        trainer = self.lightning_module.trainer
+        every, batches = trainer.val_check_batch, trainer.num_training_batches
+        upcoming = next_boundary(
+            self._synced_through, self.window_steps,
+            epoch_start=self.position - 1 - trainer.fit_loop.epoch_loop.batch_idx,  # this rank's epoch is the group's
+            epoch_batches=batches if isinstance(batches, int) else 0, total_steps=max(trainer.max_steps, 0),
+            validation_every=every if trainer.enable_validation and isinstance(every, int) else 0,
+            checkpoint_every=self._checkpoint_every())
+        eta = boundary_eta(self._left_boundary_s, upcoming - self._synced_through, self._group_step_s)
+        mine = self.recorder.records[self._window_start:]
+        own = statistics.median(r.compute_s for r in mine[-3:]) if mine else None
+        return outside_rank_holds(time.monotonic(), eta, own, self._steps)
+
+    def _facts_here(self) -> dict:
+        """Lightning's facts about this rank's current batch, as policies/boundary.py's rules take them."""
         trainer = self.lightning_module.trainer
         epoch_loop = trainer.fit_loop.epoch_loop
         every = trainer.val_check_batch  # validation runs after batches where (batch_idx + 1) % every == 0
         validation_follows = bool(trainer.enable_validation and isinstance(every, int) and every > 0
                                   and (epoch_loop.batch_idx + 1) % every == 0)
+        return dict(last_of_epoch=bool(epoch_loop.batch_progress.is_last_batch), total_steps=trainer.max_steps,
+                    validation_follows=validation_follows, checkpoint_every=self._checkpoint_every())
+
+    def _checkpoint_every(self) -> List[int]:
         # checkpoints gather every rank's state: they come at boundaries (global_step = position + 1)
-        checkpoint_every = [c._every_n_train_steps for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
-        return is_boundary(position, self.window_steps, last_of_epoch=bool(epoch_loop.batch_progress.is_last_batch),
-                           total_steps=trainer.max_steps, validation_follows=validation_follows,
-                           checkpoint_every=checkpoint_every)
+        trainer = self.lightning_module.trainer
+        return [c._every_n_train_steps for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+
+    def _is_boundary(self, position: int) -> bool:
+        """Lightning's facts about ``position``, judged by the one boundary rule (policies/boundary.py)."""
+        return is_boundary(position, self.window_steps, **self._facts_here())
 
     # --- the boundary ---------------------------------------------------------------------------
     def _boundary(self) -> None:
@@ -214,8 +252,10 @@ class PartialGroupStrategy(HorovodStrategy):
         early = self._early_due
         if early:  # decided on the slow run that called it, as every rank saw it
             median = self.early.recent_medians()[self.global_rank]
+        periods = [b.start_s - a.start_s for a, b in zip(window, window[1:])]
+        model_read = model_read_after(self.position - 1, **self._facts_here())  # the leader's counts (at the boundary)
         mine = [float(self.global_rank), float(self.position - 1), median, float(self._samples), float(self._steps),
-                float(self._local_steps)]
+                float(self._local_steps), statistics.median(periods) if periods else math.nan, float(model_read)]
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
         position = int(rows[old_group[0]][POSITION])  # the group's position (outside ranks may be behind)
         self.boundary_waits.append((time.perf_counter() - started, len(old_group) < self.world_size))
@@ -230,12 +270,22 @@ class PartialGroupStrategy(HorovodStrategy):
         self._window_start = len(self.recorder.records)
         self._steps = self._samples = 0
         self._just_synced = True
+        periods = [rows[r][STEP_PERIOD] for r in old_group if rows[r][STEP_PERIOD] == rows[r][STEP_PERIOD]]
+        self._group_step_s = statistics.median(periods) if periods else None
+        self._left_boundary_s = time.monotonic()
         if early:
             self.record_event("early_boundary", step=position, react_steps=self.react_steps, group=list(self.group()),
                               note=f"a rank was >= {self.slow_ratio} x the median for {self.react_steps} steps in a row")
         self._early_due = False
         if self.early is not None:
             self.early.reset()
+
+    @override
+    def on_validation_end(self) -> None:
+        super().on_validation_end()
+        # validations follow boundaries, and the group's steps start after them: the prediction counts from here
+        if self._group_step_s is not None:
+            self._left_boundary_s = time.monotonic()
 
     @override
     def on_train_end(self) -> None:
@@ -249,6 +299,10 @@ class PartialGroupStrategy(HorovodStrategy):
                 self.comm.join()
             self._synced_through = self.position - 1
         super().on_train_end()
+        holds = self.comm.allreduce(torch.tensor([float(self.boundary_holds)], dtype=torch.float64), op="sum",
+                                    tag="boundary_holds")
+        if self.global_rank == 0:
+            self.run_report["outside_rank_holds"] = int(holds.item())
 
     # --- Lightning's collectives between boundaries ---------------------------------------------------
     @override
