@@ -471,7 +471,7 @@ def load_runs(runs_dir: str, planned: Sequence[dict[str, Any]] | None = None,
 # --- raw data that ships: every run's summary trimmed to what the aggregation reads ----------------
 RUNS_JSONL = "runs.jsonl"
 TRIM_KEYS = ("algorithm", "world_size", "wall_s", "launch_s", "train_samples", "throughput_samples_per_s", "val_acc",
-             "target_acc", "time_to_target_s", "val_history", "per_rank", "timeline_png", "config")
+             "target_acc", "time_to_target_s", "val_history", "per_rank", "timeline_png", "config", "partial_group")
 TRIM_RANK_KEYS = ("steps", "samples", "compute_s", "comm_s", "wait_s")
 
 

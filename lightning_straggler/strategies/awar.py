@@ -136,11 +136,5 @@ class AwarStrategy(PartialGroupStrategy):
         super().load_strategy_state(state)
         self.membership.restore(state["awar"]["states"])
 
-    @override
-    def on_train_end(self) -> None:
-        super().on_train_end()
-        if self.global_rank == 0:
-            self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
-
 
 __all__ = ["AwarStrategy", "NORMAL", "STRAGGLER"]

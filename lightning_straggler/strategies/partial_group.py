@@ -303,6 +303,8 @@ class PartialGroupStrategy(HorovodStrategy):
                                     tag="boundary_holds")
         if self.global_rank == 0:
             self.run_report["outside_rank_holds"] = int(holds.item())
+            # rank 0's seconds in each boundary's join + exchange while a rank was outside (the group's wait)
+            self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
 
     # --- Lightning's collectives between boundaries ---------------------------------------------------
     @override
