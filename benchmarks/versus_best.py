@@ -20,7 +20,8 @@ divides by it in every seed. The default, ``--best-by seed``, takes the faster c
     python -m benchmarks.versus_best benchmarks/results/matrix/<grid> --algorithm adaptive --against boa dpar \
         [--target 1.15 | --within-noise] [--best-by seed|median] [--reference-grid benchmarks/results/matrix/<none grid>]
 
-writes ``versus_best_<algorithm>.json`` and ``.md`` into the grid directory.
+writes ``versus_best_<algorithm>.json`` and ``.md`` into the grid directory (``_by_median`` added with
+``--best-by median``; ``--tag T`` adds ``_T``, so comparisons against other sets do not overwrite each other).
 """
 from __future__ import annotations
 
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                    help="seed: the faster candidate of each seed block (default); median: per cell the candidate "
                         "with the highest median throughput, the same one in every seed")
     p.add_argument("--reference-grid", default=None, help="a grid with straggler-free ring runs (same settings, seeds)")
+    p.add_argument("--tag", default="", help="added to the output files' names (versus_best_<algorithm>[_by_median]_<tag>)")
     a = p.parse_args(argv)
     try:
         runs = read_runs(a.grid)
@@ -166,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         cells = compare(runs, a.algorithm, a.against, a.target, reference, repeats, a.best_by)
     except ValueError as e:
         p.error(str(e))
-    write_rescore(os.path.join(a.grid, f"versus_best_{a.algorithm}"), {"argv": argv, "cells": cells},
+    name = f"versus_best_{a.algorithm}" + ("_by_median" if a.best_by == "median" else "") + (f"_{a.tag}" if a.tag else "")
+    write_rescore(os.path.join(a.grid, name), {"argv": argv, "cells": cells},
                   to_markdown(cells, a.algorithm, a.against, argv, a.best_by))
     return cells
 

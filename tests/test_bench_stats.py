@@ -225,8 +225,12 @@ def test_versus_best_by_median_divides_every_seed_by_the_cells_best_strategy(tmp
     assert sorted(none_seed["per_seed_best"]) == ["awar", "ring", "ring", "ring"]
     assert none_median["per_seed_best"] == ["ring"] * 4
     assert none_median["noise"] == none_seed["noise"]  # the threshold does not depend on the rule
-    with open(tmp_path / "versus_best_adaptive.md") as f:
+    with open(tmp_path / "versus_best_adaptive_by_median.md") as f:  # beside the per-seed file, not over it
         assert "highest median throughput in the cell" in f.read()
+    with open(tmp_path / "versus_best_adaptive.md") as f:
+        assert "highest median throughput in the cell" not in f.read()
+    versus_best.main([str(tmp_path), "--algorithm", "adaptive", "--against", "boa", "--tag", "vs_boa"])
+    assert (tmp_path / "versus_best_adaptive_vs_boa.md").exists()
     with pytest.raises(ValueError, match="best_by must be one of seed, median"):
         versus_best.compare(runs, "adaptive", against, 1.0, best_by="mean")
 
