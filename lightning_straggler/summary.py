@@ -60,10 +60,11 @@ def build_summary(algorithm: str, world_size: int, report: Dict[str, Any], total
 
 def partial_group_summary(report: Dict[str, Any]) -> Dict[str, Any]:
     """dpar / awar: local steps outside ranks held back for a boundary, and what the group waited at the
-    boundaries while a rank was outside (rank 0's seconds in the join + exchange)."""
-    waits = report.get("group_boundary_waits_s", [])
-    return {"outside_rank_holds": int(report["outside_rank_holds"]), "boundaries_with_a_rank_outside": len(waits),
-            "boundary_wait_s_total": float(sum(waits)), "boundary_wait_s_max": float(max(waits, default=0.0))}
+    boundaries while a rank was outside (the join + exchange, as the old group's first rank measured it)."""
+    waits = report.get("group_boundary_wait", {})
+    return {"outside_rank_holds": int(report["outside_rank_holds"]),
+            "boundaries_with_a_rank_outside": int(waits.get("boundaries", 0)),
+            "boundary_wait_s_total": float(waits.get("total_s", 0.0)), "boundary_wait_s_max": float(waits.get("max_s", 0.0))}
 
 
 def write_summary(summary: Dict[str, Any], output_dir: str) -> str:

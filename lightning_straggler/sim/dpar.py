@@ -11,7 +11,8 @@ pickled length, then ``optimizer_state_bytes``); every call a control call (alph
     state_broadcast_s = state_tensors * control_s(N, broadcast, grad_bytes / state_tensors)
                         + broadcast_object_s(N, optimizer_state_bytes)
 
-So while someone is excluded it is paid before every validation, not only when membership changes. A SLOW rank keeps
+So while someone is excluded it is paid at a re-admission and before every validation, epoch end and
+the end of the run, not at mere window ends. A SLOW rank keeps
 doing local steps whose samples are discarded (not counted); a STRUCK_OUT rank computes nothing.
 """
 from __future__ import annotations

@@ -130,7 +130,7 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         step_samples.extend([float(len(group) * b)] * len(positions))
         # outside ranks: local steps until they meet the signal, or hold for it
         arrive = t_group
-        eta = boundary_eta(time_now, len(positions), group_step_s)
+        eta = boundary_eta(begin, len(positions), group_step_s)  # from when the last outside rank joined again
         for r in range(n):
             if r in in_group or not policy.computes_outside_group(r):
                 continue

@@ -155,6 +155,10 @@ class DparStrategy(PartialGroupStrategy):
     @override
     def on_train_end(self) -> None:
         super().on_train_end()
+        if len(self.group()) < self.world_size:
+            # the run ends with a rank outside: the model handed back is the group's on every rank also when
+            # training stopped between boundaries (the last step's boundary broadcast it already otherwise)
+            self.broadcast_training_state(root=self.group()[0])
         mine = torch.tensor([float(self.discarded_samples)], dtype=torch.float64)
         total = int(self.comm.allreduce(mine, op="sum", tag="discarded").item())
         if self.global_rank == 0:

@@ -92,11 +92,14 @@ class PartialGroupStrategy(HorovodStrategy):
         self._batch_samples = 0
         self._local_steps = 0  # steps computed outside the group since this rank last (re)joined it
         self._just_synced = False
-        # when this rank left the last boundary (monotonic) and the group's median step period there: an
-        # outside rank's prediction of the next boundary (None until a boundary has measured the group)
-        self._left_boundary_s = 0.0
+        # an outside rank's prediction of the next boundary: when the group could start its window (this rank
+        # joined again, caught up; monotonic) and the group's median step period at the last boundary (None
+        # until a boundary has measured the group)
+        self._window_opened_s = 0.0
         self._group_step_s: Optional[float] = None
         self.boundary_holds = 0  # local steps this rank did not start, to meet a boundary without being waited for
+        # boundaries this rank led (old group's first rank) while a rank was outside: count, seconds, longest
+        self._led_waits = [0, 0.0, 0.0]
 
     # --- what the algorithm decides ------------------------------------------------------------
     @abstractmethod
@@ -172,6 +175,7 @@ class PartialGroupStrategy(HorovodStrategy):
         elif self._join is None and not self.in_group and self.position - 1 > self._synced_through:
             # caught up with the group: from here to the next boundary this rank runs no collective
             self._join = self.comm.join_async()
+            self._window_opened_s = time.monotonic()  # the group's window needs this rank joined: it starts now
         self._batch_samples = batch_size_of(batch)
         super().on_train_batch_start(batch, batch_idx)
 
@@ -212,7 +216,7 @@ class PartialGroupStrategy(HorovodStrategy):
             epoch_batches=batches if isinstance(batches, int) else 0, total_steps=max(trainer.max_steps, 0),
             validation_every=every if trainer.enable_validation and isinstance(every, int) else 0,
             checkpoint_every=self._checkpoint_every())
-        eta = boundary_eta(self._left_boundary_s, upcoming - self._synced_through, self._group_step_s)
+        eta = boundary_eta(self._window_opened_s, upcoming - self._synced_through, self._group_step_s)
         mine = self.recorder.records[self._window_start:]
         own = statistics.median(r.compute_s for r in mine[-3:]) if mine else None
         return outside_rank_holds(time.monotonic(), eta, own, self._steps)
@@ -258,7 +262,10 @@ class PartialGroupStrategy(HorovodStrategy):
                 float(self._local_steps), statistics.median(periods) if periods else math.nan, float(model_read)]
         rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
         position = int(rows[old_group[0]][POSITION])  # the group's position (outside ranks may be behind)
-        self.boundary_waits.append((time.perf_counter() - started, len(old_group) < self.world_size))
+        waited, outside = time.perf_counter() - started, len(old_group) < self.world_size
+        self.boundary_waits.append((waited, outside))
+        if outside and self.global_rank == old_group[0]:  # one group member per boundary counts the group's wait
+            self._led_waits = [self._led_waits[0] + 1, self._led_waits[1] + waited, max(self._led_waits[2], waited)]
         self._synced_through = position  # lined up from here: the merge's collectives are over every rank
 
         self.on_boundary(rows, old_group, position)
@@ -272,20 +279,12 @@ class PartialGroupStrategy(HorovodStrategy):
         self._just_synced = True
         periods = [rows[r][STEP_PERIOD] for r in old_group if rows[r][STEP_PERIOD] == rows[r][STEP_PERIOD]]
         self._group_step_s = statistics.median(periods) if periods else None
-        self._left_boundary_s = time.monotonic()
         if early:
             self.record_event("early_boundary", step=position, react_steps=self.react_steps, group=list(self.group()),
                               note=f"a rank was >= {self.slow_ratio} x the median for {self.react_steps} steps in a row")
         self._early_due = False
         if self.early is not None:
             self.early.reset()
-
-    @override
-    def on_validation_end(self) -> None:
-        super().on_validation_end()
-        # validations follow boundaries, and the group's steps start after them: the prediction counts from here
-        if self._group_step_s is not None:
-            self._left_boundary_s = time.monotonic()
 
     @override
     def on_train_end(self) -> None:
@@ -299,11 +298,16 @@ class PartialGroupStrategy(HorovodStrategy):
                 self.comm.join()
             self._synced_through = self.position - 1
         super().on_train_end()
-        holds = self.comm.allreduce(torch.tensor([float(self.boundary_holds)], dtype=torch.float64), op="sum",
-                                    tag="boundary_holds")
+        sums = self.comm.allreduce(torch.tensor([float(self.boundary_holds), float(self._led_waits[0]), self._led_waits[1]],
+                                                dtype=torch.float64), op="sum", tag="boundary_holds").tolist()
+        longest = self.comm.allreduce(torch.tensor([self._led_waits[2]], dtype=torch.float64), op="max",
+                                      tag="boundary_wait_max").item()
         if self.global_rank == 0:
-            self.run_report["outside_rank_holds"] = int(holds.item())
-            # rank 0's seconds in each boundary's join + exchange while a rank was outside (the group's wait)
+            self.run_report["outside_rank_holds"] = int(sums[0])
+            # the group's wait at boundaries while a rank was outside (the join + exchange, as the old group's
+            # first rank measured it)
+            self.run_report["group_boundary_wait"] = {"boundaries": int(sums[1]), "total_s": sums[2], "max_s": longest}
+            # rank 0's own seconds at each such boundary (its hold, when rank 0 itself is outside)
             self.run_report["group_boundary_waits_s"] = [w for w, outside in self.boundary_waits if outside]
 
     # --- Lightning's collectives between boundaries ---------------------------------------------------
@@ -347,6 +351,7 @@ class PartialGroupStrategy(HorovodStrategy):
             "samples": self._samples, "local_steps": self._local_steps,
             "window": [r.as_row() for r in self.recorder.records[self._window_start:]],  # the open window
             "early": self.early.to_dict() if self.early is not None else None,
+            "holds": self.boundary_holds, "led_waits": list(self._led_waits), "group_step_s": self._group_step_s,
         }
         return state
 
@@ -359,5 +364,9 @@ class PartialGroupStrategy(HorovodStrategy):
         self.recorder.records = [StepRecord.from_row(r) for r in saved["window"]]
         if saved.get("early") is not None and self.early is not None:
             self.early.restore(saved["early"])
+        self.boundary_holds = int(saved.get("holds", 0))
+        count, total, longest = saved.get("led_waits", [0, 0.0, 0.0])
+        self._led_waits = [int(count), float(total), float(longest)]
+        self._group_step_s = saved.get("group_step_s")
         self.recorder.take_unsent()  # measured before the checkpoint: the profiler does not report them again
         self._window_start = 0
