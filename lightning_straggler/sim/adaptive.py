@@ -5,9 +5,11 @@ all-reduce over all N of the weighted gradients (with one float per worker of ti
 modelled, N floats next to the gradient): step time = max_i compute_i(b_i) + allreduce(N) +
 loop_overhead. After each step every worker's (b_i, compute_i) goes to the strategy's
 ``policies/adaptive.SpeedChangeDetector``; when it reports a change, or every ``window_steps``, rank 0
-re-plans with ``policies/boa.rebalance_decision`` on the detector's points and broadcasts the plan
-(one control call), which applies from the next step, as in ``AdaptiveStrategy._replan`` (the
-strategy's loader has not drawn it yet at that point).
+re-plans with ``policies/boa.rebalance_decision`` on the detector's points. A change's plan is
+broadcast (one control call, every rank free) and applies from the next step; a window's plan rides on
+the next step's all-reduce (no cost) and applies from the step after that (s + 2 for a plan decided
+after step s), as ``AdaptiveStrategy._replan_now`` / ``_replan_with_next_step`` with a loader that draws
+batch by batch.
 
 The step deadline (``policies/deadline.StepDeadline`` and ``arrived_scale``, the strategy's own objects):
 a step opens at T (the group's last collective ended); rank i reaches it at r_i = max(T, the end of a
@@ -17,7 +19,7 @@ cut-off when f_i is later (it stays busy until f_i). The all-reduce starts when 
 in (a rank behind holds the step until it reaches it: nothing runs ahead of its training loop). The
 periods between step closings feed the deadline; a cut rank's time in the detector is how long it had
 been given (or its speed on its last late step, if that says more), amended with its real time at the
-next step, as the strategy's amend slot does. A re-plan's broadcast waits for every rank to be free.
+next step, as the strategy's amend slot does. A change's broadcast waits for every rank to be free.
 
 Counted samples: the global batch of every step, less placeholders and the cut ranks' samples.
 """
@@ -88,14 +90,16 @@ def simulate_adaptive(workload: Workload, network: Network, react_steps: int = A
         last_close = close
         now = close + workload.loop_overhead_s
         changed = detector.observe(computed.tolist(), seen.tolist())
-        if changed or (window_steps and (s + 1) % window_steps == 0):
-            now = max(now, float(busy_until.max())) + plan_broadcast  # every rank takes part
+        if (changed or (window_steps and (s + 1) % window_steps == 0)) and s + 1 < steps:  # the last step's plan is never sent
+            if changed:  # broadcast now, in force from the next step
+                now = max(now, float(busy_until.max())) + plan_broadcast  # every rank takes part
+            start = s + 1 if changed else s + 2  # a window's plan: sent with step s + 1's all-reduce
             decision = rebalance_decision(detector.points(), [int(b) for b in allocation.at(s + 1)],
                                           allocation.global_batch, min_local_batch, max_local_batch, tune_workers,
                                           allreduce, rebalance_gain)
             if decision is not None:
-                allocation.change(s + 1, decision["batch_sizes"])
-                events.append({"kind": "rebalance", "step": s, "from_step": s + 1, "changed_ranks": changed,
+                allocation.change(start, decision["batch_sizes"])
+                events.append({"kind": "rebalance", "step": s, "from_step": start, "changed_ranks": changed,
                                **{k: v for k, v in decision.items() if k != "models"}})
         step_times[s] = now - opened
     return SimResult("adaptive", n, network.name, float(step_times.sum()), float(step_samples.sum()), step_times,

@@ -9,7 +9,12 @@ speed changes (``react_ratio`` x slower or faster than its own recent per-sample
 ``react_steps`` steps in a row) its older points are dropped and rank 0 re-plans at once with BOA's
 solver (``policies/boa.rebalance_decision``: time models, worker-set tuning, gain gate) and broadcasts
 the plan, which takes effect at the first step no rank's loader has drawn (the next step when the
-loader draws batch by batch; later when DataLoader workers prefetch). Every ``window_steps`` it re-plans as BOA does, on the same per-step points. A
+loader draws batch by batch; later when DataLoader workers prefetch). Every ``window_steps`` it
+re-plans as BOA does, on the same per-step points, without a collective of its own: that plan rides on
+the next step's all-reduce like the times and takes effect at the first step no rank's loader has drawn
+when it arrives (every rank's count of drawn steps rides along too), one step later than a broadcast
+plan. (A broadcast every window cost about 1.3% of an 8-worker run on this project's 2-core machine;
+a change is rare and worth the step it saves.) A
 collapsed worker gets few samples or, with ``tune_workers`` (on by default here), none: it steps on a
 one-sample placeholder with weight 0 until its measured speed recovers, when the next re-plan gives it
 samples again.
@@ -21,7 +26,7 @@ over the samples that arrived, and the late rank drops its own gradient of that 
 group's update like everyone else. A rank already too late when it starts a step skips its compute. The
 per-step times of a cut rank carry the time it had been given, so the detector sees it slow and the
 re-plan follows. Exact (as ``boa``) whenever every rank makes the deadline. The group still waits for a
-late rank at the other collectives (a re-plan's broadcast, a validation); a frozen worker is the
+late rank at the other collectives (a change's re-plan broadcast, a validation); a frozen worker is the
 watchdog's (it is named and the job restarts without it).
 """
 from __future__ import annotations
@@ -38,6 +43,17 @@ from lightning_straggler.config import AdaptiveConfig as A
 from lightning_straggler.policies import deadline as deadline_policy
 from lightning_straggler.policies.adaptive import SpeedChangeDetector, check_settings
 from lightning_straggler.strategies.boa import BoaStrategy
+
+# What rides on each step's gradient all-reduce, one more tensor after the gradients, summed over ranks:
+# four rows of one entry per rank (each rank writes its own) and a window's plan (rank 0 writes it).
+# One tensor, not five: Horovod negotiates every tensor of a grouped all-reduce on its own.
+TIMES, AMENDED, ARRIVED, DRAWN = range(4)
+
+
+def slot_views(slots: torch.Tensor, n: int) -> tuple:
+    """(rows[TIMES..DRAWN], plan) as views of the slot tensor of ``6 n + 1`` entries."""
+    rows = [slots[k * n:(k + 1) * n] for k in range(4)]
+    return rows, slots[4 * n:]
 
 
 class AdaptiveStrategy(BoaStrategy):
@@ -77,6 +93,7 @@ class AdaptiveStrategy(BoaStrategy):
         self.detector: Optional[SpeedChangeDetector] = None  # made at set-up (needs the world size)
         self._changed: list = []  # ranks whose speed changed at the step just taken
         self._wait_s: dict = {}  # step -> this rank's wait for the slowest rank's compute at that step
+        self._pending_plan: Optional[dict] = None  # rank 0: a plan decided, sent with the next step's all-reduce
         self.deadline = deadline_policy.StepDeadline(deadline_factor, deadline_history_steps)
         self.exchange: Optional[DeadlineExchange] = None  # started at the first step of a fit (deadline on)
         self._shapes: list = []  # the exchanged tensors' (shape, dtype, device): what a cut rank hands in zeros of
@@ -127,9 +144,24 @@ class AdaptiveStrategy(BoaStrategy):
         bound on its compute), or its speed on its last late step if that says more; the real time of
         its previous step if that was cut too (amend slot); its arrival slot 0."""
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in self._shapes]
-        zeros[-3][self.global_rank] = max(waited_s, self._estimate_s(step))
-        zeros[-2][self.global_rank] = self._true_s_pending
+        rows, _ = slot_views(zeros[-1], self.world_size)
+        rows[TIMES][self.global_rank] = max(waited_s, self._estimate_s(step))
+        rows[AMENDED][self.global_rank] = self._true_s_pending
+        self._fill_plan_slots(zeros[-1], step)  # a plan must not wait for its sender's compute
         return zeros
+
+    def _fill_plan_slots(self, slots: torch.Tensor, step: int) -> None:
+        """This rank's count of steps its loader has drawn beyond ``step``; on rank 0 the pending plan:
+        batch sizes, a 1 per changed rank, and how many steps ago it was decided, + 1 (> 0: a plan)."""
+        n = self.world_size
+        rows, plan_slots = slot_views(slots, n)
+        rows[DRAWN][self.global_rank] = float(self.sampler.next_step - step)
+        plan = self._pending_plan
+        if self.global_rank == 0 and plan is not None:
+            plan_slots[:n] = torch.tensor(plan["batch_sizes"], dtype=slots.dtype)
+            for rank in plan["changed_ranks"]:
+                plan_slots[n + rank] = 1.0
+            plan_slots[2 * n] = float(step - plan["step"] + 1)
 
     def _estimate_s(self, step: int) -> float:
         if self._late_per_sample is None:
@@ -137,17 +169,18 @@ class AdaptiveStrategy(BoaStrategy):
         return self._late_per_sample * max(self.schedule.at(step)[self.global_rank], 1)
 
     def _exchange(self, grads: list) -> tuple:
-        """The step's all-reduce: (summed gradients, times, amended times, arrived) and whether this rank
-        was cut."""
-        slots = [grads[0].new_zeros(self.world_size) for _ in range(3)]  # times, amended times, arrived
-        slots[0][self.global_rank] = self.current_step_compute_s()
-        slots[1][self.global_rank] = self._true_s_pending
-        slots[2][self.global_rank] = 1.0
-        tensors = grads + slots
+        """The step's all-reduce: (summed gradients + the slot tensor, whether this rank was cut)."""
+        slots = grads[0].new_zeros(6 * self.world_size + 1)
+        rows, _ = slot_views(slots, self.world_size)
+        rows[TIMES][self.global_rank] = self.current_step_compute_s()
+        rows[AMENDED][self.global_rank] = self._true_s_pending
+        rows[ARRIVED][self.global_rank] = 1.0
+        self._fill_plan_slots(slots, self.steps_done)
+        tensors = grads + [slots]
         if not self._shapes:
             self._shapes = [(t.shape, t.dtype, t.device) for t in tensors]
         if self.exchange is None:
-            self.comm.allreduce_grouped_(tensors, op="sum", tag="grads")  # the times ride along: summed slots
+            self.comm.allreduce_grouped_(tensors, op="sum", tag="grads")  # the slots ride along: summed
             return tensors, False
         result, cut = self.exchange.exchange(self.steps_done, tensors)
         self._true_s_pending = 0.0  # sent, by whichever thread handed the step in
@@ -159,13 +192,16 @@ class AdaptiveStrategy(BoaStrategy):
                 self._late_per_sample = self._true_s_pending / max(self.schedule.at(self.steps_done)[self.global_rank], 1)
         else:
             self._late_per_sample = None
-        return grads + list(result[-3:]), cut
+        return grads + [result[-1]], cut
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         grads = self.weighted_gradients(optimizer)
         result, cut = self._exchange(grads)
-        times, amended, arrived = result[-3], result[-2].tolist(), [bool(a > 0.5) for a in result[-1].tolist()]
+        rows, plan = slot_views(result[-1], self.world_size)
+        times, amended = rows[TIMES], rows[AMENDED].tolist()
+        arrived = [bool(a > 0.5) for a in rows[ARRIVED].tolist()]
+        self._apply_plan(rows[DRAWN].tolist(), plan.tolist())
         for rank, seconds in enumerate(amended):
             if seconds > 0:  # a rank cut from the previous step while computing: its real time
                 self.detector.amend_last(rank, seconds)
@@ -231,19 +267,22 @@ class AdaptiveStrategy(BoaStrategy):
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
         window_end = self.window_steps and (self.steps_done + 1) % self.window_steps == 0
-        if self._changed or window_end:
-            self._replan(list(self._changed))
+        if self._changed:  # every rank saw the same change (same numbers): all take part in the broadcast
+            self._replan_now(list(self._changed))
+        elif window_end:
+            self._replan_with_next_step()
         self._changed = []
 
-    def _replan(self, changed: list) -> None:
-        """Rank 0 decides on the points every rank holds and broadcasts (one broadcast, as BOA's plan)."""
+    def _replan_now(self, changed: list) -> None:
+        """A worker's speed changed: rank 0 decides on the points every rank holds and broadcasts the plan,
+        in force from the next step (the first no loader has drawn)."""
         assert self.schedule is not None and self.sampler is not None
         decision = None
         if self.global_rank == 0:
-            from_step = self.sampler.next_step  # the first step no loader has drawn (every rank in lock-step)
+            from_step = self.sampler.next_step  # every rank in lock-step
             decision = self.plan_from(self.detector.points(), from_step)
             if decision is not None:
-                decision["changed_ranks"] = changed
+                decision = {"step": self.steps_done, **decision, "changed_ranks": changed}
         decision = self.comm.broadcast_object(decision, root=0, tag="boa_plan")
         if decision is None:
             return
@@ -252,6 +291,38 @@ class AdaptiveStrategy(BoaStrategy):
                                f"past the plan's first step {decision['from_step']} (ranks out of lock-step)")
         self.schedule.change(decision["from_step"], decision["batch_sizes"])
         self.record_event("rebalance", **decision)
+
+    def _replan_with_next_step(self) -> None:
+        """A window's routine re-plan: rank 0 decides; the plan goes out with the next step's all-reduce
+        (``_fill_plan_slots``), no collective of its own. The other ranks have nothing to do here."""
+        assert self.schedule is not None and self.sampler is not None
+        if self.global_rank != 0:
+            return
+        # the allocation in force where the plan can start at the earliest (nothing else is pending: the
+        # previous plan arrived with this step's all-reduce)
+        decision = self.plan_from(self.detector.points(), self.sampler.next_step)
+        if decision is not None:
+            self._pending_plan = {"step": self.steps_done, **decision, "changed_ranks": []}
+
+    def _apply_plan(self, drawn: list, plan: list) -> None:
+        """Every rank, on the step's all-reduce result: a plan in it starts at the first step no rank's
+        loader has drawn (the same step everywhere: from the same numbers)."""
+        n = self.world_size
+        if plan[2 * n] < 0.5:
+            return
+        from_step = self.steps_done + int(round(max(drawn)))
+        if self.sampler.next_step > from_step:  # cannot happen: this rank's own count is in ``drawn``
+            raise RuntimeError(f"adaptive: rank {self.global_rank} has drawn step {self.sampler.next_step - 1}'s batch, "
+                               f"past the plan's first step {from_step}")
+        sizes = [int(round(b)) for b in plan[:n]]
+        decided = self.steps_done + 1 - int(round(plan[2 * n]))
+        changed = [r for r in range(n) if plan[n + r] > 0.5]
+        self.schedule.change(from_step, sizes)
+        # every rank logs the same plan; rank 0 adds what only it computed (time models, predicted times)
+        details = dict(self._pending_plan) if self.global_rank == 0 and self._pending_plan is not None else {}
+        details.update(step=decided, from_step=from_step, batch_sizes=sizes, changed_ranks=changed)
+        self._pending_plan = None
+        self.record_event("rebalance", **details)
 
     # --- exact resume ---------------------------------------------------------------------------
     @override
@@ -265,6 +336,7 @@ class AdaptiveStrategy(BoaStrategy):
         state["adaptive"] = self.detector.to_dict() if self.detector is not None else None
         state["adaptive_wait_s"] = {int(r.step): float(self._wait_s[r.step]) for r in keep if r.step in self._wait_s}
         state["adaptive_deadline"] = self.deadline.to_dict()
+        state["adaptive_pending_plan"] = self._pending_plan  # rank 0: decided, not yet sent
         return state
 
     @override
@@ -275,6 +347,9 @@ class AdaptiveStrategy(BoaStrategy):
         self._wait_s = {int(k): float(v) for k, v in state.get("adaptive_wait_s", {}).items()}
         if "adaptive_deadline" in state:
             self.deadline.restore(state["adaptive_deadline"])
+        plan = state.get("adaptive_pending_plan")
+        if self.global_rank == 0 and plan is not None and len(plan["batch_sizes"]) == self.world_size:
+            self._pending_plan = plan
 
 
 __all__ = ["AdaptiveStrategy"]
