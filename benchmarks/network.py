@@ -104,6 +104,11 @@ def namespaces() -> List[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def own_namespaces() -> List[str]:
+    """This process's namespaces (``lsnet<pid>-*``): what it may check without seeing another process's."""
+    return [ns for ns in namespaces() if _owner_pid(ns) == os.getpid()]
+
+
 def cleanup(only_dead: bool = True) -> List[str]:
     """Remove this module's namespaces (``lsnet<pid>-*``) whose creating process is gone (all of them
     with ``only_dead=False``); returns the names removed."""

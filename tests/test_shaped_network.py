@@ -21,13 +21,13 @@ def _needs_namespaces():
     if why:
         pytest.skip(why)
     yield
-    assert not [ns for ns in network.namespaces() if ns.startswith(f"{network.PREFIX}{os.getpid()}-")]
+    assert not network.own_namespaces()
 
 
 def _ours():
     mine = f"{network.PREFIX}{os.getpid()}-"
     folders = os.listdir(network.NETNS_ETC) if os.path.isdir(network.NETNS_ETC) else []
-    return [ns for ns in network.namespaces() if ns.startswith(mine)] + [f for f in folders if f.startswith(mine)]
+    return network.own_namespaces() + [f for f in folders if f.startswith(mine)]
 
 
 @pytest.mark.exclusive  # times against a prediction: nothing else runs beside it under pytest -n 2

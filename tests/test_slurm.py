@@ -147,11 +147,6 @@ def test_two_nodes_two_tasks_on_two_namespaced_hosts(tmp_path):
     assert min(sent) >= STEPS * 1.5 * params * 4, sent
 
 
-def _my_namespaces(network):
-    """This process's namespaces (``lsnet<pid>-*``): another xdist worker's netns test may hold its own meanwhile."""
-    return [ns for ns in network.namespaces() if ns.startswith(f"{network.PREFIX}{os.getpid()}-")]
-
-
 @pytest.mark.netns
 def test_the_slurm_command_runs_inside_the_first_host_and_passes_its_exit_code(capfd):
     """``python -m benchmarks.network slurm --hosts 2 -- CMD``: CMD runs inside the first namespaced host
@@ -170,7 +165,7 @@ def test_the_slurm_command_runs_inside_the_first_host_and_passes_its_exit_code(c
     nodes = dict(line.split() for line in out.splitlines() if line.startswith("ls"))
     assert set(nodes) == {"ls1", "ls2"} and all(state in ("idle", "mix", "alloc") for state in nodes.values()), out
     assert "cluster stopped, hosts torn down" in err
-    assert not _my_namespaces(network)
+    assert not network.own_namespaces()  # another xdist worker's may exist meanwhile
 
 
 def test_failing_point_reports_submitit_logs(cluster, tmp_path):
@@ -214,4 +209,4 @@ def test_the_slurm_command_past_its_timeout_is_killed_and_gives_124(capfd):
     assert rc == 124, err[-2000:]
     assert "ran past --timeout-s 3; killed" in err
     assert time.monotonic() - start < 300  # not the command's 600 s
-    assert not _my_namespaces(network)
+    assert not network.own_namespaces()  # another xdist worker's may exist meanwhile
