@@ -45,7 +45,7 @@ def test_a_group_collective_involves_only_its_members():
 
 
 def test_joined_ranks_add_zeros_and_join_returns_the_last_to_join_everywhere():
-    """As Horovod's join: rank 3 joins from a helper thread and keeps computing; 0-2 run summed
+    """As Horovod's join: rank 3 joins without waiting and keeps computing; 0-2 run summed
     all-reduces among themselves (allreduce_among_, allgather_among); everyone's join then releases all."""
     def fn(comm):
         r = comm.rank

@@ -120,8 +120,8 @@ def test_collectives_in_training_step_reduce_over_the_group_and_stay_local_outsi
 
 
 class HangWhileOutside(Callback):
-    """On ``rank``: once it is outside the group and joined (its helper thread takes part in the group's
-    all-reduces), its main thread hangs for ``seconds`` (a stuck data loader, a deadlock in user code)."""
+    """On ``rank``: once it is outside the group and joined (Horovod's background thread takes part in the
+    group's all-reduces), its main thread hangs for ``seconds`` (a stuck data loader, a deadlock in user code)."""
 
     def __init__(self, rank: int, seconds: float) -> None:
         self.rank, self.seconds, self.done = rank, seconds, False

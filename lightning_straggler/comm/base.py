@@ -87,7 +87,7 @@ class Collectives(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no join(): dpar and awar need it")
 
     def join_async(self) -> Any:
-        """Join from a helper thread, so this rank's main thread keeps computing; a handle for
+        """Join without waiting, so this rank's main thread keeps computing; a handle for
         :meth:`join_done` / :meth:`join_wait`. The rank must run no collective of its own until then."""
         raise NotImplementedError(f"{type(self).__name__} has no join(): dpar and awar need it")
 

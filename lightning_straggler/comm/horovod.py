@@ -18,13 +18,17 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
   each waiting rank keeps a core busy. With more workers than cores that spin takes the CPU the background
   threads need to move the data; ring ran at 0.6-0.75 x Lightning's ddp at 4 workers on 2 cores that way.
   Collectives here start asynchronously and wait by polling with short sleeps (:func:`_wait`).
+- ``hvd.join()`` waits the same way, and a rank outside dpar's/awar's group stays joined for a whole
+  window: from a helper thread that spin took a whole core for the whole time and made the group's
+  all-reduce 1.6 x slower (``benchmarks.join_wait_cpu``, 8 ranks on 2 cores: 0.91 against 0.13 CPU s per
+  s, 23.8 against 14.9 ms). So joins start asynchronously too (:func:`_join_start`) and are polled:
+  no helper thread.
 """
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Sequence, Tuple
 
 from lightning_straggler.comm.base import Collectives, Group, normalize_group
 from lightning_straggler.watchdog import waiting  # the launcher's stall watchdog sees blocked collectives
@@ -68,21 +72,20 @@ def _differentiable(tensor) -> bool:
     return tensor.requires_grad and torch.is_grad_enabled()
 
 
-class _JoinHandle:
-    """``hvd.join()`` running in a helper thread: Horovod's blocking calls release the GIL, so the
-    rank's main thread goes on computing while its background thread feeds zeros to the others'
-    all-reduces."""
+def _join_start(hvd):
+    """Start ``hvd.join()`` without waiting for it: a handle for ``hvd.poll`` / :func:`_wait`, whose result
+    is the rank that joined last. ``horovod.torch.join`` is exactly this followed by its spinning
+    ``synchronize`` (Horovod 0.28.1, pinned); the handle is registered where ``synchronize`` looks."""
+    import torch
+    from horovod.torch import mpi_ops
 
-    def __init__(self) -> None:
-        self.thread: Optional[threading.Thread] = None
-        self.last: Optional[int] = None
-        self.error: Optional[BaseException] = None
-
-    def run(self, join: Callable[[], int]) -> None:
-        try:
-            self.last = join()
-        except BaseException as error:  # Horovod shut down under us: re-raised by join_wait
-            self.error = error
+    last = torch.tensor(-1, dtype=torch.int)
+    try:
+        handle = mpi_ops.mpi_lib.horovod_torch_join(last, -1)  # -1: zeros for the others' tensors on the CPU
+    except RuntimeError as error:  # as hvd.join() reports it (Horovod shut down)
+        raise mpi_ops.HorovodInternalError(error) from error
+    mpi_ops._handle_map[handle] = (None, last)
+    return handle
 
 
 class HorovodCollectives(Collectives):
@@ -212,24 +215,22 @@ class HorovodCollectives(Collectives):
         return horovod_has_join_fix()
 
     def join(self) -> int:
+        hvd = _hvd()
         with self._blocking("join"):
-            return int(_hvd().join())
+            return int(_wait(hvd, _join_start(hvd)).item())
 
-    def join_async(self) -> _JoinHandle:
-        handle = _JoinHandle()
-        handle.thread = threading.Thread(target=handle.run, args=(_hvd().join,), name="horovod-join", daemon=True)
-        handle.thread.start()
-        return handle
+    def join_async(self) -> int:
+        # joined, this rank's background thread feeds zeros to the others' all-reduces while its main
+        # thread goes on computing; it polls the handle between its own steps
+        return _join_start(_hvd())
 
-    def join_done(self, handle: _JoinHandle) -> bool:
-        return not handle.thread.is_alive()
+    def join_done(self, handle: int) -> bool:
+        return bool(_hvd().poll(handle))
 
-    def join_wait(self, handle: _JoinHandle) -> int:
+    def join_wait(self, handle: int) -> int:
+        hvd = _hvd()
         with self._blocking("join"):
-            handle.thread.join()
-        if handle.error is not None:
-            raise handle.error
-        return int(handle.last)
+            return int(_wait(hvd, handle).item())
 
     def allreduce_grouped_async_(self, tensors, op="sum", tag="grads"):
         name, ps = self._name(tag, None)

@@ -1,7 +1,7 @@
 """The boundary protocol shared by ``dpar`` and ``awar``: a synchronous group that leaves some ranks out.
 
-The group needs no process set. A rank outside the group calls Horovod's ``join()`` from a helper
-thread and goes on with local steps on its main thread; a joined rank adds zeros to every all-reduce
+The group needs no process set. A rank outside the group starts Horovod's ``join()`` without waiting
+(``comm.join_async``: polled between its steps) and goes on with local steps; a joined rank adds zeros to every all-reduce
 the others run, so the group's members sum their gradients over the world's ring and divide by their
 count. The group's own ``join()`` at the next boundary releases everyone: it is also the boundary
 signal. So a membership change costs nothing but the boundary exchange, a group step costs what a
@@ -13,7 +13,7 @@ numbering on every rank) when p + 1 is a multiple of ``window_steps``, at the la
 epoch, before a validation, where a ``ModelCheckpoint(every_n_train_steps=n)`` saves, and at the last
 step of training. At a boundary every rank:
   1. (if a rank is outside the group) meets the others in ``join()``: group members join when they
-     reach p; an outside rank's helper-thread join then returns, and the rank notices it before its
+     reach p; an outside rank's pending join then completes, and the rank notices it before its
      next local step (so the group waits for at most about one of its steps); an outside rank that
      reaches position p itself waits for it. An outside rank does not start a local step predicted to
      end after the group reaches the boundary (it waits in ``join()`` instead, so the group does not wait
