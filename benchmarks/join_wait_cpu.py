@@ -18,13 +18,13 @@ threads), the group's median all-reduce, and the group's wall time for its steps
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from typing import Any
 
 from benchmarks.process_set_cost import GRAD_FLOATS
+from benchmarks.report import write_rescore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "results", "scale")
@@ -115,9 +115,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             for k in ("cpu_per_wall", "allreduce_s", "group_wall_s")}})
     report = {"what": __doc__, "argv": argv, "steps": a.steps, "step_ms": a.step_ms, "repeats": a.repeats,
               "load_avg": os.getloadavg(), "rows": rows}
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "join_wait_cpu.json"), "w") as f:
-        json.dump(report, f, indent=1)
     lines = ["# A joined rank's wait: hvd.join() in a helper thread against the polled join (Gloo, loopback)", "",
              f"{a.steps} group steps of {a.step_ms:g} ms device time (a sleep) + the summed all-reduce of "
              f"{4 * GRAD_FLOATS} bytes; medians over {a.repeats} jobs per cell; load average at the end "
@@ -127,9 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         lines.append(f"| {r['world_size']} | {r['way']} | {r['cpu_per_wall']:.2f} | {1e3 * r['allreduce_s']:.1f} | "
                      f"{r['group_wall_s']:.2f} |")
-    with open(os.path.join(a.out, "join_wait_cpu.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    os.makedirs(a.out, exist_ok=True)
+    write_rescore(os.path.join(a.out, "join_wait_cpu"), report, "\n".join(lines) + "\n")
     return report
 
 

@@ -17,7 +17,7 @@ process sets enabled, one without, as dpar/awar now run):
 * ``allreduce_subset_s``: median all-reduce over that set while the left-out rank does nothing;
 * ``allreduce_plain_s``: the world all-reduce in a job WITHOUT dynamic process sets (what ``ring`` runs);
 * ``allreduce_joined_s``: in that job, the sum-all-reduce of the N-1 ranks while the last rank has
-  joined from a helper thread (its main thread sleeping), i.e. a dpar/awar group step's exchange;
+  joined (``comm.join_async``, polled; its main thread sleeping), i.e. a dpar/awar group step's exchange;
 * ``join_s``: the N-1 ranks' own ``join()`` that releases everyone (the boundary signal).
 
 Every figure is rank 0's wall clock after a named all-reduce that lines the ranks up. Output:
@@ -26,11 +26,12 @@ Every figure is rank 0's wall clock after a named all-reduce that lines the rank
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from typing import Any
+
+from benchmarks.report import write_rescore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "results", "scale")
@@ -80,8 +81,7 @@ def _worker(rank: int, size: int, port: int, repeats: int, creations: int, resul
 
 
 def _join_worker(rank: int, size: int, port: int, repeats: int, rounds: int, results) -> None:
-    import threading
-
+    from lightning_straggler.comm.horovod import HorovodCollectives
     from lightning_straggler.launcher import horovod_worker_env
 
     os.environ.update(horovod_worker_env(rank, size, port, 300))
@@ -89,7 +89,8 @@ def _join_worker(rank: int, size: int, port: int, repeats: int, rounds: int, res
     import torch
 
     torch.set_num_threads(1)
-    hvd.init()  # no process sets: as ring, dpar and awar run
+    comm = HorovodCollectives()
+    comm.init(dynamic_groups=False)  # no process sets: as ring, dpar and awar run
     try:
         grad = torch.ones(GRAD_FLOATS)
 
@@ -106,15 +107,15 @@ def _join_worker(rank: int, size: int, port: int, repeats: int, rounds: int, res
         joined, join = [], []
         for r in range(rounds):
             hvd.allreduce(torch.zeros(1), name="lineup.round")
-            if rank == size - 1:  # out of the group: joined from a helper thread, main thread idle
-                thread = threading.Thread(target=hvd.join)
-                thread.start()
-                while thread.is_alive():
+            if rank == size - 1:  # out of the group: joined (polled, as dpar and awar wait), main thread idle
+                handle = comm.join_async()
+                while not comm.join_done(handle):
                     time.sleep(0.001)
+                comm.join_wait(handle)
             else:
                 joined += timed("grads.among.all", hvd.Sum)
                 t0 = time.perf_counter()
-                hvd.join()
+                comm.join()
                 join.append(time.perf_counter() - t0)
         results.put((rank, {"allreduce_plain_s": plain, "allreduce_joined_s": joined, "join_s": join}))
     finally:
@@ -154,9 +155,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"process sets: all-reduce {1e3 * r['allreduce_plain_s']:.2f} ms, N-1 with one rank joined "
               f"{1e3 * r['allreduce_joined_s']:.2f} ms, join {1e3 * r['join_s']:.2f} ms", flush=True)
     report = {"what": __doc__, "load_avg": os.getloadavg(), "rows": rows}
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "process_set_cost.json"), "w") as f:
-        json.dump(report, f, indent=1)
     lines = ["# A group of N-1 ranks on this machine (Gloo, loopback): process set vs join", "",
              f"Load average at the end: {', '.join(f'{x:.1f}' for x in report['load_avg'])} (2 cores). Medians, ms.", "",
              "| N | create set | each creation | all-reduce all N (dynamic sets on) | all-reduce N-1 in its set | "
@@ -167,9 +165,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      f"{', '.join(f'{1e3 * c:.1f}' for c in r['create_s_all'])} | {1e3 * r['allreduce_global_s']:.2f} | "
                      f"{1e3 * r['allreduce_subset_s']:.2f} | {1e3 * r['allreduce_plain_s']:.2f} | "
                      f"{1e3 * r['allreduce_joined_s']:.2f} | {1e3 * r['join_s']:.2f} |")
-    with open(os.path.join(a.out, "process_set_cost.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    os.makedirs(a.out, exist_ok=True)
+    write_rescore(os.path.join(a.out, "process_set_cost"), report, "\n".join(lines) + "\n")
     return report
 
 

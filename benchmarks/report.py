@@ -19,8 +19,8 @@ def write_report(report: Dict[str, Any], out: str, markdown: Callable[[Dict[str,
 
 
 def write_rescore(stem: str, data: Any, markdown: str) -> None:
-    """A re-scoring of a committed grid (time_to_target, versus_best): ``<stem>.json``, ``<stem>.md``, and the
-    table on stdout."""
+    """``<stem>.json``, ``<stem>.md``, and the table on stdout: a re-scoring of a committed grid
+    (time_to_target, versus_best) or a small probe's result (process_set_cost, join_wait_cpu)."""
     import json
     import sys
 
