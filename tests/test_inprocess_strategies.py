@@ -9,7 +9,7 @@ import logging
 import random
 import time
 import warnings
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -63,9 +63,11 @@ class Net(pl.LightningModule):
 
 
 def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s: 0.0,
-                   val_every: int = 0, poison=lambda r, s: False, per_sample: bool = False) -> List[Dict[str, Any]]:
+                   val_every: int = 0, poison=lambda r, s: False, per_sample: bool = False,
+                   collectives: Optional[List[Tuple[int, str]]] = None) -> List[Dict[str, Any]]:
     """Every rank's global step, parameters, batches and decision events after ``steps`` steps (validating
-    every ``val_every`` steps on 2 batches when > 0)."""
+    every ``val_every`` steps on 2 batches when > 0); ``collectives`` receives the fake world's (rank, name)
+    of every collective."""
     def rank_main(comm):
         strategy = make_strategy(comm)
         validation = {"val_check_interval": val_every, "limit_val_batches": 2} if val_every else {"limit_val_batches": 0}
@@ -83,7 +85,11 @@ def fit_in_process(world_size: int, make_strategy, steps: int, delay=lambda r, s
 
     for name in ("lightning.pytorch", "lightning.fabric", "lightning_straggler"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    return FakeWorld(world_size, timeout_s=120).run(rank_main)
+    world = FakeWorld(world_size, timeout_s=120)
+    out = world.run(rank_main)
+    if collectives is not None:
+        collectives.extend(world.log)
+    return out
 
 
 def sgd_reference(step_batches: List[List[List[int]]]) -> List[torch.Tensor]:
@@ -134,6 +140,27 @@ def test_awar_without_stragglers_trains_exactly_as_ring():
     for a_, r in zip(awar, ring):
         for a, b in zip(a_["params"], r["params"]):
             assert torch.allclose(a, b, atol=1e-6)
+
+
+# rank 3 slow from step 5, windows of 5: boundaries after steps 4 and 9 with everyone in the group (with
+# react_steps=3 an early one after 7 instead of 9), then 14, 19, 24, 29 with rank 3 out
+@pytest.mark.parametrize("react_steps, carried, gathered", [(0, [4, 9], 4), (3, [4], 5 + 1)])
+def test_partial_group_boundaries_with_everyone_in_need_no_collective_of_their_own(react_steps, carried, gathered):
+    """A window end foreseen with everyone in the group takes its numbers from that step's gradient all-reduce
+    ("grads.boundary"); an early boundary (seen only in the step's all-reduce) and boundaries with a rank out
+    all-gather them ("boundary_stats"). Decisions as the all-gather gives them: the test above."""
+    slow = lambda r, s: 0.3 if (r == 3 and s >= 5) else 0.02  # noqa: E731
+    log: List[Tuple[int, str]] = []
+    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5, react_steps=react_steps), steps=30,
+                         delay=slow, collectives=log)
+    assert [o["step"] for o in out] == [30] * 4
+    assert out[0]["group"] == [0, 1, 2]
+    for rank in range(4):
+        names = [name for r, name in log if r == rank]
+        assert sum(n.startswith("grads.boundary") for n in names) == len(carried), names
+        assert sum(n.startswith("boundary_stats") for n in names) == gathered, names
+    steps = [e["step"] for e in out[0]["events"] if e["kind"] == "transition"]
+    assert steps[0] == (carried[-1] if react_steps == 0 else 7)  # excluded at the boundary that saw it
 
 
 # rank 3 slow from step 5: with window ends only (react_steps=0) the first boundary to see it is after

@@ -22,16 +22,17 @@ cost plus the fixed ``control_op_s``):
    window before and the rank's last local steps), but always computes one per window. The boundary
    starts when the last of them arrives. The join is one control call
    over everyone (modelled as an 8-byte all-reduce), paid only when someone is outside;
-2. everyone all-gathers its window numbers (position, median compute per step, samples, steps, local
-   steps): allgather(N, boundary_bytes);
+2. everyone shares its window numbers (position, median compute per step, samples, steps, local
+   steps): allgather(N, boundary_bytes) when someone is outside or the boundary is early; with everyone
+   in the group at a foreseen boundary they ride on the last step's gradient all-reduce (no cost
+   modelled: N rows of 64 bytes on a gradient of megabytes);
 3. the algorithm decides (the project's policy) and merges (its cost, ``GroupPolicy.merge_cost_s``);
 4. outside ranks pass over the batches up to p (``skip_batch_s`` each), and only then join again: the
    group's next all-reduce needs every rank either in it or joined, so the next window starts when
    the last of them has caught up. A membership change costs nothing more.
 
-So with nobody outside before or after, a boundary costs exactly
-allgather(N, boundary_bytes) + control_op_s (plus the algorithm's merge, 0 for both when nobody is
-or was outside), i.e. a run without stragglers pays that once per window on top of ``ring``.
+So with nobody outside before or after, a boundary costs nothing (the algorithm's merge is 0 for both
+when nobody is or was outside): a run without stragglers costs what ``ring`` costs.
 """
 from __future__ import annotations
 
@@ -81,9 +82,12 @@ class GroupPolicy:
     events: list[dict]
 
 
-def boundary_exchange_s(network: Network, workload: Workload, someone_outside: bool) -> float:
-    """Steps 1-2 of a boundary: the join (only when someone is outside) and the statistics all-gather."""
+def boundary_exchange_s(network: Network, workload: Workload, someone_outside: bool, early: bool) -> float:
+    """Steps 1-2 of a boundary: the join and the statistics all-gather, only when someone is outside or the
+    boundary is early (else the numbers came with the last step's all-reduce)."""
     n = workload.world_size
+    if not (someone_outside or early):
+        return 0.0
     join = network.control_s(n, "allreduce", 8.0) if someone_outside else 0.0
     return join + network.control_s(n, "allgather", workload.boundary_bytes)
 
@@ -153,7 +157,7 @@ def simulate_partial_group(workload: Workload, network: Network, policy: GroupPo
         per_rank_steps += steps_in_window
         rows: list[Row] = [(r, medians[r], int(steps_in_window[r] * b), int(steps_in_window[r]), int(local_steps[r]))
                            for r in range(n)]
-        t = arrive + boundary_exchange_s(network, workload, len(group) < n)
+        t = arrive + boundary_exchange_s(network, workload, len(group) < n, early)
         policy.on_boundary(rows, group, end)
         if early:
             policy.events.append({"kind": "early_boundary", "step": end, "group": list(policy.group())})

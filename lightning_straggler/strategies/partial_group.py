@@ -19,8 +19,11 @@ step of training. At a boundary every rank:
      end after the group reaches the boundary (it waits in ``join()`` instead, so the group does not wait
      for it): ``policies/boundary.outside_rank_holds``, from the group's step period at the last boundary
      and where the next boundary lies; it always computes one local step per window (its speed is measured);
-  2. all-gathers its numbers for the window: its position, median compute time per step (before any
-     collective), samples and steps computed, local steps since it left the group, median step period;
+  2. shares its numbers for the window: its position, median compute time per step (before any
+     collective), samples and steps computed, local steps since it left the group, median step period.
+     With everyone in the group they ride on the last step's gradient all-reduce (one row per rank, like
+     the early boundary's compute times: no collective of their own); else (someone outside, or an early
+     boundary, which nobody can foresee before the step's all-reduce) in an all-gather;
   3. runs the algorithm's ``on_boundary`` (the same decision on every rank from the same numbers, and
      the model merge: DPAR broadcasts the group's model, AWAR takes a weighted average);
   4. outside ranks pass over the batches between their position and p, so every rank is at the same
@@ -63,6 +66,8 @@ log = logging.getLogger(__name__)
 
 # Columns of the per-rank numbers gathered at a boundary.
 RANK, POSITION, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS, STEP_PERIOD, MODEL_READ = range(8)
+COLUMNS = 8
+_WHOLE_NUMBERS = (RANK, POSITION, SAMPLES, STEPS, LOCAL_STEPS, MODEL_READ)  # exact again after the all-reduce's mean
 _REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
 
 
@@ -92,6 +97,8 @@ class PartialGroupStrategy(HorovodStrategy):
         self._batch_samples = 0
         self._local_steps = 0  # steps computed outside the group since this rank last (re)joined it
         self._just_synced = False
+        # every rank's boundary numbers, carried by this step's gradient all-reduce (see synchronize_gradients)
+        self._carried_rows: Optional[List[List[float]]] = None
         # an outside rank's prediction of the next boundary: when the group could start its window (this rank
         # joined again, caught up; monotonic) and the group's median step period at the last boundary (None
         # until a boundary has measured the group)
@@ -181,18 +188,36 @@ class PartialGroupStrategy(HorovodStrategy):
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
+        self._carried_rows = None
         if not self.in_group:
             self._local_steps += 1
             return
         grads = self.gradients_of(optimizer)
-        if not (self.early is not None and self.early.enabled and len(self.group()) == self.world_size):
+        if len(self.group()) < self.world_size:
             self.comm.allreduce_among_(grads, self.group(), op="mean", tag="grads")
             return
-        # every rank's compute time rides along with the gradients: one slot each, summed
-        times = grads[0].new_zeros(self.world_size)
-        times[self.global_rank] = self.current_step_compute_s() * self.world_size  # "mean" divides
-        self.comm.allreduce_among_(grads + [times], self.group(), op="mean", tag="grads")
-        self._early_due = self.early.observe(times.tolist())
+        # With everyone in the group, the step's all-reduce also carries (one slot per rank, summed; "mean"
+        # divides, so each rank puts in N x its numbers): every rank's compute time of the step (early
+        # boundaries) and, when a boundary follows this step, every rank's boundary numbers, so that such a
+        # boundary needs no all-gather of its own.
+        extra, times, numbers = [], None, None
+        if self.early is not None and self.early.enabled:
+            times = grads[0].new_zeros(self.world_size)
+            times[self.global_rank] = self.current_step_compute_s() * self.world_size
+            extra.append(times)
+        boundary_follows = self._is_boundary(self.position - 1)
+        if boundary_follows:
+            numbers = torch.zeros((self.world_size, COLUMNS), dtype=torch.float64)
+            numbers[self.global_rank] = torch.tensor(self._boundary_numbers(step_in_flight=True),
+                                                     dtype=torch.float64) * self.world_size
+            extra.append(numbers)
+        self.comm.allreduce_among_(grads + extra, self.group(), op="mean",
+                                   tag="grads.boundary" if boundary_follows else "grads")
+        if times is not None:
+            self._early_due = self.early.observe(times.tolist())
+        if numbers is not None:
+            self._carried_rows = [[float(round(v)) if c in _WHOLE_NUMBERS else v for c, v in enumerate(row)]
+                                  for row in numbers.tolist()]
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
@@ -202,6 +227,22 @@ class PartialGroupStrategy(HorovodStrategy):
         here = self.position - 1
         if here > self._synced_through and (self._early_due or self._is_boundary(here)):
             self._boundary()
+
+    def _boundary_numbers(self, step_in_flight: bool) -> List[float]:
+        """This rank's row of a boundary's exchange (columns RANK .. MODEL_READ). ``step_in_flight``: taken
+        during the step before the boundary (its all-reduce carries them), whose samples and step
+        after_optimizer_step has not counted yet."""
+        window = self.recorder.records[self._window_start:]  # the step in flight is not among them
+        median = statistics.median([r.compute_s for r in window]) if window else math.nan
+        if self._early_due:  # decided on the slow run that called it, as every rank saw it
+            median = self.early.recent_medians()[self.global_rank]
+        periods = [b.start_s - a.start_s for a, b in zip(window, window[1:])]
+        model_read = model_read_after(self.position - 1, **self._facts_here())  # the leader's counts (at the boundary)
+        steps, samples = self._steps, self._samples
+        if step_in_flight:
+            steps, samples = steps + 1, samples + self._batch_samples
+        return [float(self.global_rank), float(self.position - 1), median, float(samples), float(steps),
+                float(self._local_steps), statistics.median(periods) if periods else math.nan, float(model_read)]
 
     def _holds_for_boundary(self) -> bool:
         """Outside the group, caught up, between boundaries: whether this batch's local step would end after
@@ -251,16 +292,13 @@ class PartialGroupStrategy(HorovodStrategy):
             else:
                 self.comm.join()
 
-        window = self.recorder.records[self._window_start:]
-        median = statistics.median([r.compute_s for r in window]) if window else math.nan
         early = self._early_due
-        if early:  # decided on the slow run that called it, as every rank saw it
-            median = self.early.recent_medians()[self.global_rank]
-        periods = [b.start_s - a.start_s for a, b in zip(window, window[1:])]
-        model_read = model_read_after(self.position - 1, **self._facts_here())  # the leader's counts (at the boundary)
-        mine = [float(self.global_rank), float(self.position - 1), median, float(self._samples), float(self._steps),
-                float(self._local_steps), statistics.median(periods) if periods else math.nan, float(model_read)]
-        rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
+        carried, self._carried_rows = self._carried_rows, None
+        if carried is not None and not early:
+            rows = carried  # exchanged with this step's gradients (everyone was in the group)
+        else:
+            mine = self._boundary_numbers(step_in_flight=False)
+            rows = sorted(self.comm.allgather(torch.tensor([mine], dtype=torch.float64), tag="boundary_stats").tolist())
         position = int(rows[old_group[0]][POSITION])  # the group's position (outside ranks may be behind)
         waited, outside = time.perf_counter() - started, len(old_group) < self.world_size
         self.boundary_waits.append((waited, outside))
