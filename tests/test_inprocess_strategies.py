@@ -151,8 +151,9 @@ def test_partial_group_boundaries_with_everyone_in_need_no_collective_of_their_o
     all-gather them ("boundary_stats"). Decisions as the all-gather gives them: the test above."""
     slow = lambda r, s: 0.3 if (r == 3 and s >= 5) else 0.02  # noqa: E731
     log: List[Tuple[int, str]] = []
-    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5, react_steps=react_steps), steps=30,
-                         delay=slow, collectives=log)
+    # slow_ratio 5 (rank 3 is 15 x): a load spike on a normal rank must not exclude it or call a boundary early
+    out = fit_in_process(4, lambda comm: DparStrategy(comm=comm, window_steps=5, react_steps=react_steps, slow_ratio=5.0),
+                         steps=30, delay=slow, collectives=log)
     assert [o["step"] for o in out] == [30] * 4
     assert out[0]["group"] == [0, 1, 2]
     for rank in range(4):
