@@ -164,6 +164,46 @@ def test_partial_group_boundaries_with_everyone_in_need_no_collective_of_their_o
     assert steps[0] == (carried[-1] if react_steps == 0 else 7)  # excluded at the boundary that saw it
 
 
+@pytest.mark.parametrize("world_size", [4, 8, 12, 1000, 1024])
+def test_carried_boundary_numbers_come_back_exact_from_a_float32_mean(world_size):
+    """The rows ride in the gradients' float32 (a float64 tensor would be a second operation): whole numbers
+    up to 2^41 - 1 come back exactly, the others to float32's precision, after the mean as Horovod computes it
+    (a float32 sum, then x (1 / N) in double: Gloo's postscale) and as torch.mean does."""
+    from lightning_straggler.strategies.partial_group import (COLUMNS, MEDIAN_COMPUTE, STEP_PERIOD, _WHOLE_NUMBERS,
+                                                              carried_slots, rows_from_carried)
+
+    rng = random.Random(world_size)
+    big = [0, 1, 2 ** 20 - 1, 2 ** 20, 2 ** 24 + 1, 2 ** 31 + 5, 2 ** 41 - 1]
+    rows = []
+    for rank in range(world_size):
+        row = [float(rng.choice(big)) for _ in range(COLUMNS)]
+        row[0] = float(rank)
+        row[MEDIAN_COMPUTE], row[STEP_PERIOD] = rng.uniform(1e-4, 10.0), rng.uniform(1e-4, 10.0)
+        rows.append(row)
+    like = torch.zeros(3)  # a float32 gradient
+    contributions = torch.stack([carried_slots(rows[r], r, world_size, like) for r in range(world_size)])
+    assert contributions.dtype == torch.float32
+    horovod_mean = (contributions.sum(dim=0).double() * (1.0 / world_size)).float()
+    for reduced in (horovod_mean, contributions.mean(dim=0)):
+        got = rows_from_carried(reduced.tolist())
+        for want, back in zip(rows, got):
+            assert [back[c] for c in _WHOLE_NUMBERS] == [want[c] for c in _WHOLE_NUMBERS]
+            for c in (MEDIAN_COMPUTE, STEP_PERIOD):
+                assert back[c] == pytest.approx(want[c], rel=1e-6)
+    # without the split a float32 mean loses them: what the test guards
+    plain = torch.tensor(rows, dtype=torch.float32) * world_size
+    assert (plain / world_size).double().tolist() != rows
+
+
+def test_carried_boundary_numbers_take_the_gradients_dtype():
+    from lightning_straggler.strategies.partial_group import carried_slots
+
+    numbers = [1.0, 2.0, 0.5, 3.0, 4.0, 0.0, 0.1, 1.0]
+    assert carried_slots(numbers, 0, 4, torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
+    assert carried_slots(numbers, 0, 4, torch.zeros(1)).dtype == torch.float32
+    assert carried_slots(numbers, 0, 4, torch.zeros(1, dtype=torch.bfloat16)).dtype == torch.float32  # too coarse
+
+
 # rank 3 slow from step 5: with window ends only (react_steps=0) the first boundary to see it is after
 # step 9; with react_steps=3 its third slow step (7) calls one
 @pytest.mark.parametrize("react_steps, decided_at", [(0, 9), (3, 7)])

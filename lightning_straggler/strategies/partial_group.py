@@ -68,7 +68,48 @@ log = logging.getLogger(__name__)
 RANK, POSITION, MEDIAN_COMPUTE, SAMPLES, STEPS, LOCAL_STEPS, STEP_PERIOD, MODEL_READ = range(8)
 COLUMNS = 8
 _WHOLE_NUMBERS = (RANK, POSITION, SAMPLES, STEPS, LOCAL_STEPS, MODEL_READ)  # exact again after the all-reduce's mean
+# Carried on the gradient all-reduce, the numbers take the gradients' dtype: one more dtype in Horovod's grouped
+# all-reduce is a second operation (float64 rows beside float32 gradients cost about 9 ms per boundary at 8
+# ranks on 2 cores: benchmarks/carried_dtype_cost.py). In float32 a whole number x rides as two pieces below
+# 2^21 (x = high * 2^20 + low): the mean's two roundings leave each piece within piece * 2^-22 < 0.5 of itself,
+# so rounding restores x exactly for |x| < 2^41.
+_PIECE = 2 ** 20
+CARRIED_COLUMNS = COLUMNS + len(_WHOLE_NUMBERS)  # the columns, whole ones holding their low piece, then the high pieces
 _REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
+
+
+def carried_row(numbers: List[float]) -> List[float]:
+    """One rank's boundary numbers (columns RANK .. MODEL_READ) as its slot of the step's all-reduce: whole
+    numbers split into a low and a high piece (:data:`CARRIED_COLUMNS`), the others as they are."""
+    row = list(numbers)
+    high = []
+    for column in _WHOLE_NUMBERS:
+        whole = int(round(row[column]))
+        row[column] = float(whole % _PIECE)
+        high.append(float(whole // _PIECE))
+    return row + high
+
+
+def carried_slots(numbers: List[float], rank: int, world_size: int, like: Tensor) -> Tensor:
+    """This rank's contribution to the slot tensor a step's mean all-reduce carries: zeros but for its own row
+    (:func:`carried_row`, times ``world_size``: the mean divides). In ``like``'s dtype and device (a second dtype
+    would be a second operation); half precision could not hold the numbers, so those models carry float32."""
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    slots = like.new_zeros((world_size, CARRIED_COLUMNS), dtype=dtype)
+    slots[rank] = torch.tensor(carried_row(numbers), dtype=dtype) * world_size
+    return slots
+
+
+def rows_from_carried(carried: List[List[float]]) -> List[List[float]]:
+    """Every rank's boundary numbers back from the all-reduced slots (:func:`carried_row`'s inverse, exact for
+    whole numbers below 2^41 in magnitude after a float32 mean)."""
+    rows = []
+    for slot in carried:
+        row = list(slot[:COLUMNS])
+        for high, column in zip(slot[COLUMNS:], _WHOLE_NUMBERS):
+            row[column] = float(round(high) * _PIECE + round(row[column]))
+        rows.append(row)
+    return rows
 
 
 class PartialGroupStrategy(HorovodStrategy):
@@ -207,17 +248,15 @@ class PartialGroupStrategy(HorovodStrategy):
             extra.append(times)
         boundary_follows = self._is_boundary(self.position - 1)
         if boundary_follows:
-            numbers = torch.zeros((self.world_size, COLUMNS), dtype=torch.float64)
-            numbers[self.global_rank] = torch.tensor(self._boundary_numbers(step_in_flight=True),
-                                                     dtype=torch.float64) * self.world_size
+            numbers = carried_slots(self._boundary_numbers(step_in_flight=True), self.global_rank, self.world_size,
+                                    like=grads[0])
             extra.append(numbers)
         self.comm.allreduce_among_(grads + extra, self.group(), op="mean",
                                    tag="grads.boundary" if boundary_follows else "grads")
         if times is not None:
             self._early_due = self.early.observe(times.tolist())
         if numbers is not None:
-            self._carried_rows = [[float(round(v)) if c in _WHOLE_NUMBERS else v for c, v in enumerate(row)]
-                                  for row in numbers.tolist()]
+            self._carried_rows = rows_from_carried(numbers.tolist())
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
