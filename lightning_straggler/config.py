@@ -54,6 +54,7 @@ class RingConfig:
 
 
 DSSYNC_SYNC_MODES = ("params", "grads")
+DSSYNC_EXCHANGES = ("sets", "alltoall")
 
 
 @dataclass
@@ -66,6 +67,7 @@ class DSSyncConfig:
     sync: str = "params"  # params (the paper's code) | grads
     global_every_steps: int = 0  # average over all workers every N steps (0 = off)
     global_at_epoch_end: bool = True
+    exchange: str = "sets"  # sets (a Horovod process set per group) | alltoall (one world all-to-all per step)
 
     def validate(self, world_size: int) -> None:
         from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
@@ -73,6 +75,8 @@ class DSSyncConfig:
         _check(1 <= self.group_size <= world_size, "algorithm.group_size", f"in 1..{world_size} (trainer.devices={world_size}, the number of workers)", self.group_size)
         _check(self.schedule in KINDS, "algorithm.schedule", f"one of {', '.join(KINDS)}", self.schedule)
         _check(self.sync in DSSYNC_SYNC_MODES, "algorithm.sync", f"one of {', '.join(DSSYNC_SYNC_MODES)}", self.sync)
+        _check(self.exchange in DSSYNC_EXCHANGES, "algorithm.exchange", f"one of {', '.join(DSSYNC_EXCHANGES)}",
+               self.exchange)
         _check(self.global_every_steps >= 0, "algorithm.global_every_steps", ">= 0 (0 = off)", self.global_every_steps)
         _check(_seed_ok(self.seed), "algorithm.seed", SEED_RANGE, self.seed)
         try:

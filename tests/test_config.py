@@ -58,6 +58,7 @@ def test_random_scenario_fully_from_the_command_line(compose):
     (["data.batch_size=0"], "data.batch_size"),
     (["target_acc=1.5"], "target_acc"),
     (["profiler.gather_every_n_steps=0"], "profiler.gather_every_n_steps"),
+    (["algorithm=dssync", "algorithm.exchange=ring"], "algorithm.exchange"),
 ])
 def test_bad_values_name_the_setting_and_the_allowed_range(compose, overrides, setting):
     with pytest.raises(ConfigError) as err:

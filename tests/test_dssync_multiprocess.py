@@ -13,11 +13,12 @@ from tests.test_ring_multiprocess import fit, make_model
 pytestmark = pytest.mark.multiprocess
 
 
-def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_makes_consensus():
+@pytest.mark.parametrize("exchange", ["sets", "alltoall"])
+def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_makes_consensus(exchange):
     world = 4
     schedule = DSSyncSchedule(world, 2, "butterfly")
     strategy = DSSyncStrategy(group_size=2, schedule="butterfly", sync="params", global_every_steps=3,
-                              global_at_epoch_end=False)
+                              global_at_epoch_end=False, exchange=exchange)
     trainer = fit(make_model(), strategy, world, 8, 5, callbacks=[Snapshots([0, 1, 2]), RankSpread()])
     m = trainer.callback_metrics
     for step in (0, 1):

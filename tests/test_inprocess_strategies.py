@@ -314,6 +314,46 @@ def test_dssync_random_group_schedules_finish_in_consensus(seed):
             assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("sync", ["params", "grads"])
+@pytest.mark.parametrize("schedule, seed", [("butterfly", 0), ("random", 1), ("random", 2)])
+def test_dssync_alltoall_exchange_trains_as_process_sets_do(sync, schedule, seed):
+    """exchange="alltoall" (one world all-to-all per step, no process sets) gives every rank the model the
+    per-group all-reduces give it, under random stragglers, with the same events; the fake world saw no
+    group collective at all."""
+    delay = _random_delays(seed, 4, 12)
+    make = lambda exchange: lambda comm: DSSyncStrategy(comm=comm, group_size=2, schedule=schedule, seed=seed,  # noqa: E731
+                                                        sync=sync, global_every_steps=5, exchange=exchange)
+    log: List[Tuple[int, str]] = []
+    sets = fit_in_process(4, make("sets"), steps=12, delay=delay, val_every=7)
+    a2a = fit_in_process(4, make("alltoall"), steps=12, delay=delay, val_every=7, collectives=log)
+    assert [o["step"] for o in a2a] == [12] * 4
+    for x, y in zip(a2a, sets):
+        assert x["events"] == y["events"]
+        for a, b in zip(x["params"], y["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+    names = {name for _, name in log}
+    assert any(n.startswith(f"{sync}.float32") for n in names), names
+    assert not any("-" in n.split(".")[-1] for n in names), names  # no collective over a group of ranks
+
+
+def test_dssync_alltoall_names_the_rank_that_poisoned_its_group_without_a_collective():
+    """sync="grads": a NaN loss on rank 2 at step 3 poisons only its pair's average; with nonfinite="skip"
+    both members skip the step and name rank 2, the other pair goes on (its ranks never come to a
+    culprit search, which would hang if it were a collective)."""
+    out = fit_in_process(4, lambda comm: DSSyncStrategy(comm=comm, group_size=2, sync="grads", exchange="alltoall",
+                                                        nonfinite="skip"), steps=6, poison=lambda r, s: (r, s) == (2, 3))
+    from lightning_straggler.policies.dssync import DSSyncSchedule
+
+    pair = DSSyncSchedule(4, 2, "butterfly").group_of(2, 3)
+    for rank, o in enumerate(out):
+        assert all(torch.isfinite(p).all() for p in o["params"])
+        skipped = [e for e in o["events"] if e["kind"] == "nonfinite_skipped"]
+        if rank in pair:
+            assert len(skipped) == 1 and skipped[0]["ranks"] == [2] and skipped[0]["step"] == 3
+        else:
+            assert skipped == []
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_boa_random_straggler_schedules_finish_with_one_model_and_every_rank_deciding_alike(seed):
     """BOA re-plans batch sizes (and may drop slow workers) from gathered time models every 3 steps under

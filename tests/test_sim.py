@@ -144,6 +144,22 @@ def test_dssync_contains_a_straggler_to_its_group_for_one_step():
     assert end[-1] == pytest.approx([53 * step] * 8)
 
 
+def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pairs_bytes():
+    # the straggler of the test above: with one world all-to-all per step every rank waits for it at once
+    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
+                 steps=4, steps_per_epoch=0)
+    step = 32 * 2e-3
+    end = simulate("dssync", w, FREE, group_size=2, exchange="alltoall").rank_step_end_s
+    assert end[0] == pytest.approx([50 * step] * 8) and end[-1] == pytest.approx([53 * step] * 8)
+    # a pair moves its model once each way (full duplex) after a round for the counts: a pair's all-reduce
+    net = Network("n", alpha_s=1e-4, beta_s_per_byte=1e-9)
+    assert net.group_alltoall_s(2, 4e6) == pytest.approx(net.allreduce_s(2, 4e6))
+    assert net.group_alltoall_s(4, 4e6) == pytest.approx(2e-4 + 3 * 4e6 * 1e-9)  # each sends to 3 others
+    assert net.group_alltoall_s(1, 4e6) == 0.0
+    with pytest.raises(ValueError, match="exchange must be one of sets, alltoall"):
+        simulate("dssync", w, FREE, exchange="ring")
+
+
 def test_the_strategy_decides_with_the_policy_on_its_gathered_records():
     """BoaStrategy._decide sorts rank 0's gathered (rank, batch, seconds) rows per rank and takes the policy's
     decision (the simulator calls the same policy), adding the step it applies from."""

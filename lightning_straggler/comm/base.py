@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -120,6 +120,56 @@ class Collectives(ABC):
         slots[self.rank] = tensor
         total = self.allreduce(slots, op="sum", tag=f"{tag}.among")
         return total[list(members)]
+
+    # --- groups of one partition at once, without process sets (dssync) ------------------------------
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], tag: str = "alltoall") -> Tuple[torch.Tensor, list]:
+        """World all-to-all along dim 0: ``splits[r]`` rows of ``tensor`` (in rank order) go to rank r. Returns
+        the rows received, in the senders' rank order, and how many came from each rank."""
+        raise NotImplementedError(f"{type(self).__name__} has no all-to-all: dssync's group exchange needs it")
+
+    def allreduce_in_partition_(self, tensors: Sequence[torch.Tensor], group: Sequence[int], op: str = "mean",
+                                tag: str = "partition") -> List[int]:
+        """In-place mean (or sum) of ``tensors`` over ``group``, where every rank calls this at the same point
+        with its own group of one partition of the world (disjoint groups covering every rank; a group of one
+        rank keeps its tensors). One world all-to-all in which a rank sends its tensors to the other members
+        of its group only: (g - 1) x their bytes per rank, as a ring all-reduce within a pair, and no process
+        set (Horovod coordinates every process set a rank belongs to on every cycle, on one thread, so
+        concurrent pairs on process sets waited for each other). Members add in rank order: every member of
+        a group ends with the same bits. Returns the members whose tensors held a non-finite value when the
+        result does (every member has every member's part: no collective to find them), else []."""
+        members = normalize_group(group, self.size)
+        if self.rank not in members:
+            raise ValueError(f"rank {self.rank} averages within group {members}, which it is not in")
+        if op not in ("mean", "avg", "sum"):
+            raise ValueError(f"reduce op {op!r} within a partition's groups: use mean or sum")
+        nonfinite: set = set()
+        for dtype in sorted({t.dtype for t in tensors}, key=str):  # one exchange per dtype (usually one)
+            same = [t for t in tensors if t.dtype == dtype]
+            flat = torch.cat([t.detach().reshape(-1) for t in same])
+            n = flat.numel()
+            others = [r for r in members if r != self.rank]
+            splits = [n if r in others else 0 for r in range(self.size)]
+            # the input is cut into consecutive slices, one per destination: a copy of flat for each other member
+            send = flat if len(others) == 1 else flat.repeat(max(len(others), 1))
+            received, counts = self.alltoall(send, splits, tag=f"{tag}.{str(dtype).replace('torch.', '')}")
+            senders = [r for r, c in enumerate(counts) if c]
+            if senders != others or any(counts[r] != n for r in senders):
+                raise RuntimeError(f"rank {self.rank}: group {members} got {n}-element parts from ranks "
+                                   f"{[(r, counts[r]) for r in senders]}: the ranks disagree on the partition")
+            parts = dict(zip(others, received.split(n))) if others else {}
+            parts[self.rank] = flat
+            total = None
+            for r in members:
+                total = parts[r].clone() if total is None else total.add_(parts[r])
+            if total.is_floating_point() and not bool(torch.isfinite(total).all()):
+                nonfinite.update(r for r in members if not bool(torch.isfinite(parts[r]).all()))
+            if op != "sum":
+                total.div_(len(members))
+            offset = 0
+            for t in same:
+                t.copy_(total[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return sorted(nonfinite)
 
     # --- asynchronous all-reduce: adaptive's step deadline hands a step in from a helper thread --------
     last_collective_end: float = 0.0  # time.monotonic() when this rank's last blocking collective ended

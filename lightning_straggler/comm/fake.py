@@ -146,6 +146,8 @@ class FakeWorld:
             op.result = [_REDUCE[reduce_op]([m[i] for m in per_member]) for i in range(len(first))]
         elif op.kind == "allgather":
             op.result = torch.cat([op.payload[r] for r in op.members], dim=0)
+        elif op.kind == "alltoall":  # every rank's parts; each rank picks what was sent to it (_collect's caller)
+            op.result = dict(op.payload)
         elif op.kind == "broadcast":
             roots = {p[0] for p in op.payload.values()}
             if len(roots) != 1:
@@ -333,6 +335,17 @@ class FakeCollectives(Collectives):
     def allgather(self, tensor, group=None, tag="allgather"):
         name, members = self._name(tag, group)
         return self._blocking(name, "allgather", members, tensor.detach().clone()).clone()
+
+    def alltoall(self, tensor, splits, tag="alltoall"):
+        name, members = self._name(tag, None)
+        splits = [int(c) for c in splits]
+        if len(splits) != self.size or sum(splits) > tensor.shape[0] or min(splits) < 0:
+            raise ValueError(f"alltoall splits {splits}: one count >= 0 per rank, {tensor.shape[0]} rows in all")
+        bounds = [sum(splits[:r]) for r in range(self.size + 1)]
+        parts = [tensor.detach()[bounds[r]:bounds[r + 1]].clone() for r in range(self.size)]
+        every = self._blocking(name, "alltoall", members, parts)
+        mine = [every[r][self._rank] for r in range(self.size)]
+        return torch.cat(mine, dim=0), [p.shape[0] for p in mine]
 
     def broadcast_(self, tensor, root, group=None, tag="broadcast"):
         name, members = self._name(tag, group)

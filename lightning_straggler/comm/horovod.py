@@ -211,6 +211,16 @@ class HorovodCollectives(Collectives):
         with self._blocking(name):
             return _hvd().broadcast_object(obj, root_rank=root, name=name, process_set=ps)
 
+    def alltoall(self, tensor, splits, tag="alltoall"):
+        import torch
+
+        name, ps = self._name(tag, None)
+        hvd = _hvd()
+        with self._blocking(name):
+            output, counts = _wait(hvd, hvd.alltoall_async(tensor, splits=torch.tensor(list(splits), dtype=torch.int32),
+                                                           name=name, process_set=ps))
+        return output, [int(c) for c in counts.tolist()]
+
     def join_is_fixed(self) -> bool:
         return horovod_has_join_fix()
 

@@ -130,6 +130,6 @@ def algorithm_settings(s: dict[str, Any]) -> dict[str, Any]:
                 "max_local_batch", "tune_workers", "initial_batch_sizes")
         return {k: a[k] for k in keys if k in a}
     if name == "dssync":
-        keys = ("group_size", "schedule", "num_partitions", "seed", "global_every_steps")
+        keys = ("group_size", "schedule", "num_partitions", "seed", "global_every_steps", "exchange")
         return {k: a[k] for k in keys if k in a}
     return {}

@@ -11,12 +11,16 @@ groups through their members' start times. A global average is a barrier plus on
 models already agree (the step's partition was one group of everyone), as ``DSSyncStrategy.global_average``.
 The per-step group average is the steady-state exchange (no ``control_op_s``); any other per-step
 work of the real strategy is in ``loop_overhead_s``.
+With ``exchange="alltoall"`` the step's groups average inside one world all-to-all: it starts when every
+rank has finished computing and costs ``group_alltoall_s(|G|, grad_bytes)`` per group (the largest group
+decides), so a straggler holds up everyone, as in ``ring``.
 Every sample counts (every gradient updates some model). Vectorised per group size.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from lightning_straggler.config import DSSYNC_EXCHANGES
 from lightning_straggler.policies.dssync import DSSyncSchedule
 from lightning_straggler.sim.network import Network
 from lightning_straggler.sim.result import SimResult, ideal_throughput
@@ -33,7 +37,9 @@ def _members_by_size(partition) -> list[np.ndarray]:
 
 def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, schedule: str = "butterfly",
                     num_partitions: int | None = None, seed: int = 0,
-                    global_every_steps: int = 0) -> SimResult:
+                    global_every_steps: int = 0, exchange: str = "sets") -> SimResult:
+    if exchange not in DSSYNC_EXCHANGES:
+        raise ValueError(f"exchange must be one of {', '.join(DSSYNC_EXCHANGES)} (got {exchange!r})")
     n, steps = workload.world_size, workload.steps
     plan = DSSyncSchedule(n, min(group_size, n), schedule, num_partitions, seed)
     layouts = [_members_by_size(plan.partition(i)) for i in range(plan.num_partitions)]
@@ -44,10 +50,14 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
     globals_done = 0
     for s in range(steps):
         ready = clock + workload.compute_s(ranks, s) + workload.loop_overhead_s
-        for members in layouts[s % plan.num_partitions]:
-            size = members.shape[1]
-            done = ready[members].max(axis=1) + network.allreduce_s(size, workload.grad_bytes)
-            clock[members] = done[:, None]
+        if exchange == "alltoall":  # one world operation: everyone starts it together
+            sizes = [members.shape[1] for members in layouts[s % plan.num_partitions]]
+            clock[:] = ready.max() + max(network.group_alltoall_s(k, workload.grad_bytes) for k in sizes)
+        else:
+            for members in layouts[s % plan.num_partitions]:
+                size = members.shape[1]
+                done = ready[members].max(axis=1) + network.allreduce_s(size, workload.grad_bytes)
+                clock[members] = done[:, None]
         consensus = len(plan.partition(s)) == 1  # one group of everyone: nothing to average globally
         if not consensus and (workload.is_sync_point(s) or (global_every_steps and (s + 1) % global_every_steps == 0)):
             clock[:] = clock.max() + network.control_s(n, "allreduce", workload.grad_bytes)
@@ -57,5 +67,5 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
     step_times = np.diff(np.concatenate([[0.0], step_end]))
     return SimResult("dssync", n, network.name, float(clock.max()), float(workload.global_batch * steps),
                      step_times, ideal_throughput(workload, network), per_rank_steps=[steps] * n,
-                     notes=f"group_size {plan.group_size}, {schedule}, {globals_done} global averages",
+                     notes=f"group_size {plan.group_size}, {schedule}, exchange {exchange}, {globals_done} global averages",
                      rank_step_end_s=rank_end)

@@ -56,6 +56,14 @@ class Network:
             return 0.0
         return math.ceil(math.log2(k)) * self.alpha_s + nbytes * self.beta_s_per_byte
 
+    def group_alltoall_s(self, k: int, nbytes: float) -> float:
+        """A group of k averaging inside one world all-to-all (dssync ``exchange="alltoall"``): every member
+        sends its nbytes to the k - 1 others (full duplex) after a round that exchanges the counts. Equals
+        allreduce_s(2, nbytes) for a pair."""
+        if k <= 1:
+            return 0.0
+        return 2 * self.alpha_s + (k - 1) * nbytes * self.beta_s_per_byte
+
     def allgather_s(self, k: int, nbytes_per_rank: float) -> float:
         if k <= 1:
             return 0.0

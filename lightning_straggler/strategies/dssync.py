@@ -3,9 +3,16 @@
 Each step a rank averages only with the members of its group in the schedule's partition for that
 step (``policies/dssync.py``: butterfly or seeded random partitions, the same on every rank without
 negotiation). ``sync="params"`` averages parameters after the local optimizer step (the paper's
-reference code); ``sync="grads"`` averages gradients before it. The process sets for every group the
-schedule can use are created once at set-up (adding a Horovod process set is a collective over all
-ranks).
+reference code); ``sync="grads"`` averages gradients before it.
+
+How a step's groups exchange (``exchange``):
+- ``"sets"`` (default): each group all-reduces on its own Horovod process set, created for every group
+  the schedule can use at set-up (adding one is a collective over all ranks). A straggler holds up only
+  its own group. But Horovod coordinates every set a rank belongs to on every cycle, on one background
+  thread, so over slow links the concurrent groups of a step wait for each other.
+- ``"alltoall"``: one world all-to-all per step (``comm.allreduce_in_partition_``) in which each rank sends
+  its tensors to the other members of its group only: what an all-reduce within a pair moves, no process
+  set. Being a world operation, every step waits for the slowest rank (as ``ring`` does).
 
 A global average over every worker makes one consensus model: every ``global_every_steps`` steps (0 =
 off), at the end of every epoch (``global_at_epoch_end``), before every validation, and at the end of
@@ -22,6 +29,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_straggler.config import DSSYNC_EXCHANGES as EXCHANGES
 from lightning_straggler.config import DSSYNC_SYNC_MODES as SYNC_MODES
 from lightning_straggler.config import DSSyncConfig as C
 from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
@@ -44,17 +52,20 @@ class DSSyncStrategy(HorovodStrategy):
         global_every_steps: also average over all workers every N optimizer steps (0 = off).
         global_at_epoch_end: average over all workers at every epoch end (always before validation and
             at the end of training, so validation and checkpoints see one consensus model).
+        exchange: ``"sets"`` (a Horovod process set per group: a straggler holds up only its group) or
+            ``"alltoall"`` (one world all-to-all per step, each rank sending to its group only: no process
+            sets, every step waits for the slowest rank). See the module docstring.
         **kwargs: :class:`HorovodStrategy`'s arguments.
     """
 
     strategy_name = "dssync"
-    uses_subgroups = True
+    uses_subgroups = True  # exchange="sets"; "alltoall" needs no process set (set per instance)
 
     # defaults: the config schema's (one source for Trainer(strategy=DSSyncStrategy()), Hydra and the simulator)
     def __init__(self, group_size: int = C.group_size, schedule: str = C.schedule,
                  num_partitions: Optional[int] = C.num_partitions, seed: int = C.seed, sync: str = C.sync,
                  global_every_steps: int = C.global_every_steps, global_at_epoch_end: bool = C.global_at_epoch_end,
-                 **kwargs) -> None:
+                 exchange: str = C.exchange, **kwargs) -> None:
         super().__init__(**kwargs)
         if not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"group_size must be an integer >= 1 (got {group_size!r})")
@@ -62,12 +73,17 @@ class DSSyncStrategy(HorovodStrategy):
             raise ValueError(f"schedule must be one of {', '.join(KINDS)} (got {schedule!r})")
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {', '.join(SYNC_MODES)} (got {sync!r})")
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {', '.join(EXCHANGES)} (got {exchange!r})")
         if global_every_steps < 0:
             raise ValueError(f"global_every_steps must be >= 0 (0 = off) (got {global_every_steps})")
         self.group_size, self.schedule_kind, self.num_partitions, self.seed = group_size, schedule, num_partitions, seed
         self.sync, self.global_every_steps, self.global_at_epoch_end = sync, global_every_steps, global_at_epoch_end
+        self.exchange = exchange
+        self.uses_subgroups = exchange == "sets"
         self.schedule: Optional[DSSyncSchedule] = None
         self._group = (0,)
+        self._nonfinite_senders: List[int] = []  # members whose gradients made the last exchange non-finite
         self._consensus = True  # every rank holds the same parameters (true after the set-up broadcast)
 
     @override
@@ -76,7 +92,8 @@ class DSSyncStrategy(HorovodStrategy):
         # group_size > world_size (e.g. a small local run) means one group of everyone
         size = min(self.group_size, self.world_size)
         self.schedule = DSSyncSchedule(self.world_size, size, self.schedule_kind, self.num_partitions, self.seed)
-        self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
+        if self.exchange == "sets":
+            self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
         if not self.events:
             self.record_event("schedule", schedule=self.schedule.describe(), sync=self.sync,
                               global_every_steps=self.global_every_steps,
@@ -90,16 +107,37 @@ class DSSyncStrategy(HorovodStrategy):
     def current_group_leader(self) -> int:
         return self._group[0]
 
+    def _average_in_group(self, tensors: List[Tensor], tag: str) -> None:
+        """Average ``tensors`` within this step's group, by the configured exchange."""
+        if self.exchange == "sets":
+            if len(self._group) > 1:
+                self.comm.allreduce_grouped_(tensors, op="mean", group=self._group, tag=tag)
+            return
+        assert self.schedule is not None
+        # a world operation: every rank takes part when any group of the partition (the same on every rank)
+        # exchanges, also a rank alone in its group
+        if max(len(g) for g in self.schedule.partition(self.steps_done)) > 1:
+            self._nonfinite_senders = self.comm.allreduce_in_partition_(tensors, self._group, op="mean", tag=tag)
+
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         self._group = self._step_group()
-        if self.sync == "grads" and len(self._group) > 1:
-            self.comm.allreduce_grouped_(self.gradients_of(optimizer), op="mean", group=self._group, tag="grads")
+        self._nonfinite_senders = []
+        if self.sync == "grads":
+            self._average_in_group(self.gradients_of(optimizer), tag="grads")
+
+    @override
+    def nonfinite_ranks_in_sync_group(self, mine_bad: bool, members: tuple) -> list:
+        if self.exchange == "sets":
+            return super().nonfinite_ranks_in_sync_group(mine_bad, members)
+        # the all-to-all handed every member each member's gradients: no collective to find whose were not
+        # finite (a collective here could not be matched: other groups' ranks do not come)
+        return sorted(set(self._nonfinite_senders) | ({self.global_rank} if mine_bad else set()))
 
     @override
     def after_optimizer_step(self, optimizer: Optimizer) -> None:
-        if self.sync == "params" and len(self._group) > 1:
-            self.comm.allreduce_grouped_(self._model_tensors(), op="mean", group=self._group, tag="params")
+        if self.sync == "params":
+            self._average_in_group(self._model_tensors(), tag="params")
         self._consensus = len(self._group) == self.world_size
         step = self.steps_done + 1  # steps_done counts this step only after this hook
         if self.global_every_steps and step % self.global_every_steps == 0:

@@ -373,6 +373,13 @@ class HorovodStrategy(ParallelStrategy):
         """All-gather (dim 0) among the ranks of :meth:`gradient_sync_group`, from inside a step."""
         return self.comm.allgather(tensor, group=None if len(members) == self.world_size else members, tag=tag)
 
+    def nonfinite_ranks_in_sync_group(self, mine_bad: bool, members: Tuple[int, ...]) -> List[int]:
+        """The members that contributed a non-finite loss or gradient to a non-finite exchange (every member
+        calls this, only then): their per-rank flags, all-gathered among them."""
+        mine = torch.tensor([[float(self.global_rank), float(mine_bad)]], dtype=torch.float64)
+        flags = self.gather_in_sync_group(mine, members, tag="nonfinite_flags").reshape(-1, 2)
+        return sorted(int(r) for r, bad in flags.tolist() if bad)
+
     @staticmethod
     def _own_grads(optimizer: Optimizer) -> List[Tensor]:
         return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -390,9 +397,7 @@ class HorovodStrategy(ParallelStrategy):
             if _all_finite(self._own_grads(optimizer)):
                 return
             members = sorted(group)
-            mine = torch.tensor([[float(self.global_rank), float(mine_bad)]], dtype=torch.float64)
-            flags = self.gather_in_sync_group(mine, tuple(members), tag="nonfinite_flags").reshape(-1, 2)
-            culprits = sorted(int(r) for r, bad in flags.tolist() if bad)
+            culprits = self.nonfinite_ranks_in_sync_group(mine_bad, tuple(members))
         step = self.steps_done
         loss_value = float(loss.detach().float().mean()) if isinstance(loss, Tensor) and mine_bad else None
         if self.nonfinite == "skip":
