@@ -8,8 +8,8 @@ reference code); ``sync="grads"`` averages gradients before it.
 How a step's groups exchange (``exchange``):
 - ``"sets"`` (default): each group all-reduces on its own Horovod process set, created for every group
   the schedule can use at set-up (adding one is a collective over all ranks). A straggler holds up only
-  its own group. But Horovod coordinates every set a rank belongs to on every cycle, on one background
-  thread, so over slow links the concurrent groups of a step wait for each other.
+  its own group. Horovod coordinates every set a rank belongs to on every cycle, on one background
+  thread (per-rank work that grows with the number of sets).
 - ``"alltoall"``: one world all-to-all per step (``comm.allreduce_in_partition_``) in which each rank sends
   its tensors to the other members of its group only: what an all-reduce within a pair moves, no process
   set. Being a world operation, every step waits for the slowest rank (as ``ring`` does).
