@@ -7,8 +7,9 @@ emulated device time; ranks differ by up to 8 ms so they arrive at different mom
 mean all-reduce of the matrix MLP's gradient tensors (float32) plus:
 
 * ``grads``: nothing (a ring step);
-* ``float64``: an N x 13 float64 slot tensor (how dpar / awar carried their boundary rows until 2026-12-05);
-* ``float32``: the same in float32, the gradients' dtype (what they carry now).
+* ``float64``: an N x 14 float64 slot tensor (dpar / awar carried N x 8 float64 rows until 2026-12-05; the
+  same size as the float32 one here, so only the dtype differs);
+* ``float32``: N x 14 float32 (``CARRIED_COLUMNS``, the gradients' dtype: what they carry now).
 
 Reported per variant and N: the median over steps of the step's transfer time, the fastest rank's time in
 the all-reduce (the last rank to arrive waits for nobody: what the operation itself costs); medians over

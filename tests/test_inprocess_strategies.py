@@ -168,7 +168,8 @@ def test_partial_group_boundaries_with_everyone_in_need_no_collective_of_their_o
 def test_carried_boundary_numbers_come_back_exact_from_a_float32_mean(world_size):
     """The rows ride in the gradients' float32 (a float64 tensor would be a second operation): whole numbers
     up to 2^41 - 1 come back exactly, the others to float32's precision, after the mean as Horovod computes it
-    (a float32 sum, then x (1 / N) in double: Gloo's postscale) and as torch.mean does."""
+    (a float32 sum, then x (1 / N) in double: the CPU postscale; x (1 / N) rounded to float32: the GPU one) and
+    as torch.mean does."""
     from lightning_straggler.strategies.partial_group import (COLUMNS, MEDIAN_COMPUTE, STEP_PERIOD, _WHOLE_NUMBERS,
                                                               carried_slots, rows_from_carried)
 
@@ -183,16 +184,18 @@ def test_carried_boundary_numbers_come_back_exact_from_a_float32_mean(world_size
     like = torch.zeros(3)  # a float32 gradient
     contributions = torch.stack([carried_slots(rows[r], r, world_size, like) for r in range(world_size)])
     assert contributions.dtype == torch.float32
-    horovod_mean = (contributions.sum(dim=0).double() * (1.0 / world_size)).float()
-    for reduced in (horovod_mean, contributions.mean(dim=0)):
+    summed = contributions.sum(dim=0)
+    cpu_mean = (summed.double() * (1.0 / world_size)).float()
+    gpu_mean = summed * torch.tensor(1.0 / world_size, dtype=torch.float32)
+    for reduced in (cpu_mean, gpu_mean, contributions.mean(dim=0)):
         got = rows_from_carried(reduced.tolist())
         for want, back in zip(rows, got):
             assert [back[c] for c in _WHOLE_NUMBERS] == [want[c] for c in _WHOLE_NUMBERS]
             for c in (MEDIAN_COMPUTE, STEP_PERIOD):
                 assert back[c] == pytest.approx(want[c], rel=1e-6)
-    # without the split a float32 mean loses them: what the test guards
-    plain = torch.tensor(rows, dtype=torch.float32) * world_size
-    assert (plain / world_size).double().tolist() != rows
+    # without the split a float32 mean loses whole numbers: what the test guards
+    plain = ((torch.tensor(rows, dtype=torch.float32) * world_size) / world_size).double().tolist()
+    assert any([p[c] for c in _WHOLE_NUMBERS] != [w[c] for c in _WHOLE_NUMBERS] for p, w in zip(plain, rows))
 
 
 def test_carried_boundary_numbers_take_the_gradients_dtype():
@@ -338,10 +341,13 @@ def test_dssync_alltoall_exchange_trains_as_process_sets_do(sync, schedule, seed
 
 def test_dssync_alltoall_names_the_rank_that_poisoned_its_group_without_a_collective():
     """sync="grads": a NaN loss on rank 2 at step 3 poisons only its pair's average; with nonfinite="skip"
-    both members skip the step and name rank 2, the other pair goes on (its ranks never come to a
-    culprit search, which would hang if it were a collective)."""
+    both members skip the step and name rank 2 from the parts they exchanged (no collective: the other pair
+    never comes to the culprit search), the other pair goes on."""
+    log: List[Tuple[int, str]] = []
     out = fit_in_process(4, lambda comm: DSSyncStrategy(comm=comm, group_size=2, sync="grads", exchange="alltoall",
-                                                        nonfinite="skip"), steps=6, poison=lambda r, s: (r, s) == (2, 3))
+                                                        nonfinite="skip"), steps=6, poison=lambda r, s: (r, s) == (2, 3),
+                         collectives=log)
+    assert not [name for _, name in log if name.startswith("nonfinite_flags")]  # found without a collective
     from lightning_straggler.policies.dssync import DSSyncSchedule
 
     pair = DSSyncSchedule(4, 2, "butterfly").group_of(2, 3)

@@ -61,7 +61,7 @@ def test_non_finite_parts_are_named_by_every_member_and_only_in_their_group():
         t = [torch.ones(4)]
         if comm.rank == 2:
             t[0][1] = float("nan")
-        return comm.allreduce_in_partition_(t, group, tag="grads"), bool(torch.isfinite(t[0]).all())
+        return comm.allreduce_in_partition_(t, group, tag="grads", find_nonfinite=True), bool(torch.isfinite(t[0]).all())
 
     out = FakeWorld(4).run(body)
     assert [o[0] for o in out] == [[2], [], [2], []]

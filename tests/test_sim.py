@@ -156,6 +156,9 @@ def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pai
     assert net.group_alltoall_s(2, 4e6) == pytest.approx(net.allreduce_s(2, 4e6))
     assert net.group_alltoall_s(4, 4e6) == pytest.approx(2e-4 + 3 * 4e6 * 1e-9)  # each sends to 3 others
     assert net.group_alltoall_s(1, 4e6) == 0.0
+    # groups of one exchange nothing: no world-wide wait either (the strategy runs no all-to-all then)
+    alone = simulate("dssync", w, FREE, group_size=1, exchange="alltoall").rank_step_end_s
+    assert alone[0, 1:] == pytest.approx([step] * 7)  # step 0: only rank 0 paid for its slow step
     with pytest.raises(ValueError, match="exchange must be one of sets, alltoall"):
         simulate("dssync", w, FREE, exchange="ring")
 

@@ -128,7 +128,7 @@ class Collectives(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no all-to-all: dssync's group exchange needs it")
 
     def allreduce_in_partition_(self, tensors: Sequence[torch.Tensor], group: Sequence[int], op: str = "mean",
-                                tag: str = "partition") -> List[int]:
+                                tag: str = "partition", find_nonfinite: bool = False) -> List[int]:
         """In-place mean (or sum) of ``tensors`` over ``group``, where every rank calls this at the same point
         with its own group of one partition of the world (disjoint groups covering every rank; a group of one
         rank keeps its tensors). One world all-to-all in which a rank sends its tensors to the other members
@@ -136,8 +136,10 @@ class Collectives(ABC):
         set (Horovod coordinates every process set a rank belongs to on every cycle, on one thread, which
         might make concurrent pairs on process sets wait for each other; over the shaped links measured so
         far it made no difference: README, "Over shaped links"). Members add in rank order: every member of
-        a group ends with the same bits. Returns the members whose tensors held a non-finite value when the
-        result does (every member has every member's part: no collective to find them), else []."""
+        a group ends with the same bits. With ``find_nonfinite``, returns the members whose tensors held a
+        non-finite value when the result does (every member has every member's part: no collective to find
+        them); else, and when the result is finite, []. Horovod counts the parts in int32: at most 2^31 - 1
+        elements per dtype."""
         members = normalize_group(group, self.size)
         if self.rank not in members:
             raise ValueError(f"rank {self.rank} averages within group {members}, which it is not in")
@@ -162,7 +164,7 @@ class Collectives(ABC):
             total = None
             for r in members:
                 total = parts[r].clone() if total is None else total.add_(parts[r])
-            if total.is_floating_point() and not bool(torch.isfinite(total).all()):
+            if find_nonfinite and total.is_floating_point() and not bool(torch.isfinite(total).all()):
                 nonfinite.update(r for r in members if not bool(torch.isfinite(parts[r]).all()))
             if op != "sum":
                 total.div_(len(members))

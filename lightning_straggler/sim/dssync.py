@@ -50,9 +50,11 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
     globals_done = 0
     for s in range(steps):
         ready = clock + workload.compute_s(ranks, s) + workload.loop_overhead_s
-        if exchange == "alltoall":  # one world operation: everyone starts it together
-            sizes = [members.shape[1] for members in layouts[s % plan.num_partitions]]
+        sizes = [members.shape[1] for members in layouts[s % plan.num_partitions]]
+        if exchange == "alltoall" and max(sizes) > 1:  # one world operation: everyone starts it together
             clock[:] = ready.max() + max(network.group_alltoall_s(k, workload.grad_bytes) for k in sizes)
+        elif exchange == "alltoall":  # groups of one: the strategy runs no exchange at all
+            clock[:] = ready
         else:
             for members in layouts[s % plan.num_partitions]:
                 size = members.shape[1]

@@ -107,7 +107,7 @@ class DSSyncStrategy(HorovodStrategy):
     def current_group_leader(self) -> int:
         return self._group[0]
 
-    def _average_in_group(self, tensors: List[Tensor], tag: str) -> None:
+    def _average_in_group(self, tensors: List[Tensor], tag: str, find_nonfinite: bool = False) -> None:
         """Average ``tensors`` within this step's group, by the configured exchange."""
         if self.exchange == "sets":
             if len(self._group) > 1:
@@ -117,21 +117,23 @@ class DSSyncStrategy(HorovodStrategy):
         # a world operation: every rank takes part when any group of the partition (the same on every rank)
         # exchanges, also a rank alone in its group
         if max(len(g) for g in self.schedule.partition(self.steps_done)) > 1:
-            self._nonfinite_senders = self.comm.allreduce_in_partition_(tensors, self._group, op="mean", tag=tag)
+            self._nonfinite_senders = self.comm.allreduce_in_partition_(tensors, self._group, op="mean", tag=tag,
+                                                                        find_nonfinite=find_nonfinite)
 
     @override
     def synchronize_gradients(self, optimizer: Optimizer) -> None:
         self._group = self._step_group()
         self._nonfinite_senders = []
         if self.sync == "grads":
-            self._average_in_group(self.gradients_of(optimizer), tag="grads")
+            self._average_in_group(self.gradients_of(optimizer), tag="grads", find_nonfinite=True)
 
     @override
     def nonfinite_ranks_in_sync_group(self, mine_bad: bool, members: tuple) -> list:
         if self.exchange == "sets":
             return super().nonfinite_ranks_in_sync_group(mine_bad, members)
         # the all-to-all handed every member each member's gradients: no collective to find whose were not
-        # finite (a collective here could not be matched: other groups' ranks do not come)
+        # finite (a collective here could not be matched: other groups' ranks do not come). Unlike "sets", a
+        # member whose loss alone was non-finite (its gradients finite) is named by itself only
         return sorted(set(self._nonfinite_senders) | ({self.global_rank} if mine_bad else set()))
 
     @override

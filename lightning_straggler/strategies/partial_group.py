@@ -71,8 +71,8 @@ _WHOLE_NUMBERS = (RANK, POSITION, SAMPLES, STEPS, LOCAL_STEPS, MODEL_READ)  # ex
 # Carried on the gradient all-reduce, the numbers take the gradients' dtype: one more dtype in Horovod's grouped
 # all-reduce is a second operation (float64 rows beside float32 gradients cost about 9 ms per boundary at 8
 # ranks on 2 cores: benchmarks/carried_dtype_cost.py). In float32 a whole number x rides as two pieces below
-# 2^21 (x = high * 2^20 + low): the mean's two roundings leave each piece within piece * 2^-22 < 0.5 of itself,
-# so rounding restores x exactly for |x| < 2^41.
+# 2^21 (x = high * 2^20 + low): the mean's roundings (two on the CPU; three on the GPU, which rounds 1 / N to
+# float32) leave each piece within 3 * piece * 2^-24 < 0.5 of itself, so rounding restores x exactly for |x| < 2^41.
 _PIECE = 2 ** 20
 CARRIED_COLUMNS = COLUMNS + len(_WHOLE_NUMBERS)  # the columns, whole ones holding their low piece, then the high pieces
 _REDUCE = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
