@@ -17,7 +17,6 @@ the all-reduce (the last rank to arrive waits for nobody: what the operation its
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -73,18 +72,10 @@ def measure(size: int, steps: int, step_s: float, timeout_s: float = 600) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.carried_dtype_cost", description=__doc__.split("\n")[0])
-    ap.add_argument("--world-sizes", nargs="+", type=int, default=[4, 8])
-    ap.add_argument("--steps", type=int, default=100, help="rounds per job (default 100)")
-    ap.add_argument("--step-ms", type=float, default=30.0, help="emulated device time per step (default 30)")
-    ap.add_argument("--repeats", type=int, default=3, help="jobs per world size (default 3)")
-    ap.add_argument("--out", default=OUT)
-    a = ap.parse_args(argv)
-    for n in a.world_sizes:
-        if n < 2:
-            ap.error(f"--world-sizes: each must be >= 2 (got {n})")
-    if a.steps < 10 or a.repeats < 1 or a.step_ms < 0:
-        ap.error("--steps must be >= 10, --repeats >= 1, --step-ms >= 0")
+    from benchmarks.local_workers import probe_arguments
+
+    a = probe_arguments("python -m benchmarks.carried_dtype_cost", __doc__, 100, "rounds per job",
+                        "jobs per world size", OUT, argv, min_steps=10)
     rows = []
     for n in a.world_sizes:
         runs = []

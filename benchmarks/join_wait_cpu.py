@@ -17,7 +17,6 @@ threads), the group's median all-reduce, and the group's wall time for its steps
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -87,18 +86,10 @@ def measure(size: int, way: str, steps: int, step_s: float, timeout_s: float = 3
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.join_wait_cpu", description=__doc__.split("\n")[0])
-    ap.add_argument("--world-sizes", nargs="+", type=int, default=[4, 8])
-    ap.add_argument("--steps", type=int, default=60, help="group steps per job (default 60)")
-    ap.add_argument("--step-ms", type=float, default=30.0, help="emulated device time per group step (default 30)")
-    ap.add_argument("--repeats", type=int, default=3, help="jobs per way and world size (default 3)")
-    ap.add_argument("--out", default=OUT)
-    a = ap.parse_args(argv)
-    for n in a.world_sizes:
-        if n < 2:
-            ap.error(f"--world-sizes: each must be >= 2 (got {n})")
-    if a.steps < 1 or a.repeats < 1 or a.step_ms < 0:
-        ap.error("--steps and --repeats must be >= 1, --step-ms >= 0")
+    from benchmarks.local_workers import probe_arguments
+
+    a = probe_arguments("python -m benchmarks.join_wait_cpu", __doc__, 60, "group steps per job",
+                        "jobs per way and world size", OUT, argv)
     rows = []
     for n in a.world_sizes:
         runs: dict[str, list[dict[str, Any]]] = {w: [] for w in WAYS}

@@ -2,6 +2,7 @@
 on its result queue. Shared by the benchmarks that time Horovod without Lightning."""
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import queue as queue_mod
 import time
@@ -49,3 +50,22 @@ def _enter(target: Callable[..., None], launch_env: dict[str, str], *args: Any) 
 
     enter_worker(launch_env)  # the caller's environment now, and die with the caller
     target(*args)
+
+
+def probe_arguments(prog: str, doc: str, steps: int, steps_help: str, repeats_help: str, out: str,
+                    argv: list[str] | None, min_steps: int = 1) -> argparse.Namespace:
+    """The command line the small Horovod probes share (``--world-sizes --steps --step-ms --repeats --out``),
+    checked: world sizes >= 2, ``--steps`` >= ``min_steps``, ``--repeats`` >= 1, ``--step-ms`` >= 0."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    ap.add_argument("--world-sizes", nargs="+", type=int, default=[4, 8])
+    ap.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default {steps})")
+    ap.add_argument("--step-ms", type=float, default=30.0, help="emulated device time per step (default 30)")
+    ap.add_argument("--repeats", type=int, default=3, help=f"{repeats_help} (default 3)")
+    ap.add_argument("--out", default=out)
+    a = ap.parse_args(argv)
+    for n in a.world_sizes:
+        if n < 2:
+            ap.error(f"--world-sizes: each must be >= 2 (got {n})")
+    if a.steps < min_steps or a.repeats < 1 or a.step_ms < 0:
+        ap.error(f"--steps must be >= {min_steps}, --repeats >= 1, --step-ms >= 0")
+    return a

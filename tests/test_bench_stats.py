@@ -270,3 +270,15 @@ def test_recovery_is_the_share_of_rings_loss_to_the_ideal_won_back(tmp_path):
     assert (tmp_path / "recovery_adaptive.md").exists()
     with pytest.raises(SystemExit):
         recovery.main([str(tmp_path), "--algorithm", "awar"])  # no such runs: named
+
+
+def test_the_horovod_probes_refuse_bad_arguments_naming_the_setting(capsys):
+    from benchmarks.local_workers import probe_arguments
+
+    ok = probe_arguments("p", "doc", 100, "rounds", "jobs", "/tmp/out", ["--world-sizes", "4", "12"], min_steps=10)
+    assert (ok.world_sizes, ok.steps, ok.step_ms, ok.repeats, ok.out) == ([4, 12], 100, 30.0, 3, "/tmp/out")
+    for argv, setting in ((["--world-sizes", "1"], "--world-sizes"), (["--steps", "9"], "--steps must be >= 10"),
+                          (["--repeats", "0"], "--repeats >= 1"), (["--step-ms", "-1"], "--step-ms >= 0")):
+        with pytest.raises(SystemExit):
+            probe_arguments("p", "doc", 100, "rounds", "jobs", "/tmp/out", argv, min_steps=10)
+        assert setting in capsys.readouterr().err

@@ -153,7 +153,7 @@ class Collectives(ABC):
             others = [r for r in members if r != self.rank]
             splits = [n if r in others else 0 for r in range(self.size)]
             # the input is cut into consecutive slices, one per destination: a copy of flat for each other member
-            send = flat if len(others) == 1 else flat.repeat(max(len(others), 1))
+            send = flat if len(others) <= 1 else flat.repeat(len(others))
             received, counts = self.alltoall(send, splits, tag=f"{tag}.{str(dtype).replace('torch.', '')}")
             senders = [r for r, c in enumerate(counts) if c]
             if senders != others or any(counts[r] != n for r in senders):
