@@ -17,16 +17,20 @@ Facts this relies on (checked on Horovod 0.28.1 with Gloo):
 - ``hvd.synchronize`` waits in a ``sched_yield`` loop (``WaitAndClear``, seen with ``py-spy dump --native``):
   each waiting rank keeps a core busy. With more workers than cores that spin takes the CPU the background
   threads need to move the data; ring ran at 0.6-0.75 x Lightning's ddp at 4 workers on 2 cores that way.
-  Collectives here start asynchronously and wait by polling with short sleeps (:func:`_wait`).
+  Collectives here start asynchronously and wait (:func:`_wait`) with ``horovod_torch_wait_handle``, which
+  ``scripts/patches/horovod-0.28.1-latency.patch`` adds (asleep on a condition variable until the operation
+  completes), or on a stock build by polling with short sleeps (which notice the end up to 0.5 ms late;
+  ``benchmarks.allreduce_latency`` measures both).
 - ``hvd.join()`` waits the same way, and a rank outside dpar's/awar's group stays joined for a whole
   window: from a helper thread that spin took a whole core for the whole time and made the group's
   all-reduce 1.6 x slower (``benchmarks.join_wait_cpu``, 8 ranks on 2 cores: 0.91 against 0.13 CPU s per
-  s, 23.8 against 14.9 ms). So joins start asynchronously too (:func:`_join_start`) and are polled:
-  no helper thread.
+  s, 23.8 against 14.9 ms). So joins start asynchronously too (:func:`_join_start`) and are waited for
+  as above: no helper thread.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any, Dict, Iterator, Sequence, Tuple
 
@@ -54,14 +58,31 @@ def _hvd():
 
 
 POLL_FIRST_S, POLL_MAX_S = 5e-5, 5e-4  # sleeps between polls: doubling up to 0.5 ms (the latency it may add)
+WAIT_SLICE_S = 0.05  # a sleeping wait returns this often, so that Python runs its signal handlers meanwhile
+
+
+@functools.lru_cache(maxsize=1)
+def _sleeping_wait():
+    """``horovod_torch_wait_handle(handle, timeout_s)`` of this project's Horovod build (it sleeps on a
+    condition variable that the operation's completion signals: no spin, no polling latency), or None
+    on a stock build."""
+    from horovod.torch import mpi_ops
+
+    return getattr(mpi_ops.mpi_lib, "horovod_torch_wait_handle", None)
 
 
 def _wait(hvd, handle):
-    """The result of an asynchronous Horovod operation, waiting with sleeps instead of Horovod's spin."""
-    delay = POLL_FIRST_S
-    while not hvd.poll(handle):
-        time.sleep(delay)
-        delay = min(2 * delay, POLL_MAX_S)
+    """The result of an asynchronous Horovod operation, waiting without Horovod's spin: asleep until it
+    completes (patched build), else polling with short sleeps."""
+    wait = _sleeping_wait()
+    if wait is not None:
+        while not wait(handle, WAIT_SLICE_S):
+            pass
+    else:
+        delay = POLL_FIRST_S
+        while not hvd.poll(handle):
+            time.sleep(delay)
+            delay = min(2 * delay, POLL_MAX_S)
     return hvd.synchronize(handle)
 
 
