@@ -58,7 +58,11 @@ def _hvd():
 
 
 POLL_FIRST_S, POLL_MAX_S = 5e-5, 5e-4  # sleeps between polls: doubling up to 0.5 ms (the latency it may add)
-WAIT_SLICE_S = 0.05  # a sleeping wait returns this often, so that Python runs its signal handlers meanwhile
+# A sleeping wait returns this often (and is called again): Python runs its signal handlers in between,
+# and at 8 ranks on 2 cores a wait asleep until completion made the all-reduce slower (20 against 14 ms;
+# waking every 0.5 ms as the polling did keeps 14 ms, and at 4 ranks keeps the sleeping wait's gain:
+# benchmarks.allreduce_latency probes; likely idle CPUs' wake-up latency, not isolated).
+WAIT_SLICE_S = 5e-4
 
 
 @functools.lru_cache(maxsize=1)
