@@ -12,8 +12,8 @@ moments):
   ``dist.all_reduce`` it over torch.distributed's Gloo group, divide and copy back;
 * ``horovod``: what ring does, ``HorovodCollectives.allreduce_grouped_(op="mean")`` (a grouped all-reduce
   started asynchronously), with this project's Horovod build as it runs (the background loop does not
-  sleep out its cycle while tensors wait, and the wait sleeps until the operation completes:
-  ``scripts/patches/horovod-0.28.1-latency.patch``);
+  sleep out its cycle while tensors wait, and the wait sleeps, in 0.5 ms slices, until the operation
+  completes: ``scripts/patches/horovod-0.28.1-latency.patch``);
 * ``horovod-poll``: the same, waiting by polling with short sleeps (what stock builds do here);
 * ``horovod-stock``: polling, and the background loop sleeping out every cycle as stock Horovod does
   (``HOROVOD_LS_STOCK_CYCLE=1``): this project before the patch;
