@@ -134,36 +134,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import argparse
 
     from benchmarks.local_workers import probe_arguments
+    from lightning_straggler.config import CYCLE_TIME_RANGE
 
-    argv = list(argv) if argv is not None else None
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--cycles-ms", nargs="+", type=float, default=[1.0])
-    extra.add_argument("--order-seed", type=int, default=0)
-    own, rest = extra.parse_known_args(argv)
-    for c in own.cycles_ms:
-        if not 0.1 <= c <= 1000:
-            raise SystemExit(f"--cycles-ms: each must be in [0.1, 1000] milliseconds (got {c:g})")
-    a = probe_arguments("python -m benchmarks.allreduce_latency", __doc__, 200, "rounds per job",
-                        "jobs per world size and cycle", OUT, rest, min_steps=SKIP + 5)
-    a.step_ms = a.step_ms if "--step-ms" in (rest or []) else 60.0
+    prog = "python -m benchmarks.allreduce_latency"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser.add_argument("--cycles-ms", nargs="+", type=float, default=[1.0])
+    parser.add_argument("--order-seed", type=int, default=0)
+    a = probe_arguments(prog, __doc__, 200, "rounds per job", "jobs per world size and cycle", OUT, argv,
+                        min_steps=SKIP + 5, step_ms=60.0, parser=parser)
+    low, high = CYCLE_TIME_RANGE  # what trainer.horovod_cycle_time_ms accepts
+    for c in a.cycles_ms:
+        if not low <= c <= high:
+            parser.error(f"--cycles-ms: each must be in [{low:g}, {high:g}] milliseconds (got {c:g})")
     rows = []
     for n in a.world_sizes:
-        for cycle in own.cycles_ms:
+        for cycle in a.cycles_ms:
             runs = []
             for i in range(a.repeats):
                 order = list(VARIANTS)
-                random.Random(f"{own.order_seed}-{n}-{cycle}-{i}").shuffle(order)
+                random.Random(f"{a.order_seed}-{n}-{cycle}-{i}").shuffle(order)
                 runs.append({"order": order, **{v: measure(n, v, cycle, a.steps, a.step_ms / 1e3) for v in order}})
                 print(f"[allreduce_latency] N={n} cycle {cycle:g} ms #{i}: "
                       + ", ".join(f"{v} {1e3 * runs[-1][v]:.2f} ms" for v in VARIANTS), flush=True)
             rows.append({"world_size": n, "cycle_ms": cycle, "runs": runs,
                          **{v: statistics.median(r[v] for r in runs) for v in VARIANTS}})
-    report = {"what": __doc__, "argv": argv, "order_seed": own.order_seed, "steps": a.steps, "step_ms": a.step_ms,
+    report = {"what": __doc__, "argv": argv, "order_seed": a.order_seed, "steps": a.steps, "step_ms": a.step_ms,
               "repeats": a.repeats,
               "load_avg": os.getloadavg(), "rows": rows}
     lines = ["# One gradient all-reduce: Horovod (ring) against torch.distributed Gloo (ddp), loopback", "",
              f"Each variant in jobs of its own ({a.steps} rounds, order shuffled per repeat, order seed "
-             f"{own.order_seed}), {a.step_ms:g}-{a.step_ms + 8:g} ms device time (a sleep) before each round; the "
+             f"{a.order_seed}), {a.step_ms:g}-{a.step_ms + 8:g} ms device time (a sleep) before each round; the "
              f"exchange's critical path (last rank in to last rank out), median over rounds, median over "
              f"{a.repeats} jobs (variants: see the module's docstring); load average at the end {', '.join(f'{x:.1f}' for x in report['load_avg'])} "
              "(2 cores).", "",

@@ -53,13 +53,15 @@ def _enter(target: Callable[..., None], launch_env: dict[str, str], *args: Any) 
 
 
 def probe_arguments(prog: str, doc: str, steps: int, steps_help: str, repeats_help: str, out: str,
-                    argv: list[str] | None, min_steps: int = 1) -> argparse.Namespace:
+                    argv: list[str] | None, min_steps: int = 1, step_ms: float = 30.0,
+                    parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """The command line the small Horovod probes share (``--world-sizes --steps --step-ms --repeats --out``),
-    checked: world sizes >= 2, ``--steps`` >= ``min_steps``, ``--repeats`` >= 1, ``--step-ms`` >= 0."""
-    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    checked: world sizes >= 2, ``--steps`` >= ``min_steps``, ``--repeats`` >= 1, ``--step-ms`` >= 0. A probe with
+    options of its own passes a ``parser`` that already has them."""
+    ap = parser or argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     ap.add_argument("--world-sizes", nargs="+", type=int, default=[4, 8])
     ap.add_argument("--steps", type=int, default=steps, help=f"{steps_help} (default {steps})")
-    ap.add_argument("--step-ms", type=float, default=30.0, help="emulated device time per step (default 30)")
+    ap.add_argument("--step-ms", type=float, default=step_ms, help=f"emulated device time per step (default {step_ms:g})")
     ap.add_argument("--repeats", type=int, default=3, help=f"{repeats_help} (default 3)")
     ap.add_argument("--out", default=out)
     a = ap.parse_args(argv)
