@@ -13,11 +13,14 @@ moments):
 * ``horovod``: what ring does, ``HorovodCollectives.allreduce_grouped_(op="mean")`` (a grouped all-reduce
   started asynchronously), with this project's Horovod build as it runs (the background loop does not
   sleep out its cycle while tensors wait, and the wait sleeps, in 0.5 ms slices, until the operation
-  completes: ``scripts/patches/horovod-0.28.1-latency.patch``);
-* ``horovod-poll``: the same, waiting by polling with short sleeps (what stock builds do here);
-* ``horovod-stock``: polling, and the background loop sleeping out every cycle as stock Horovod does
-  (``HOROVOD_LS_STOCK_CYCLE=1``): this project before the patch;
-* ``horovod-spin``: stock Horovod as a user would call it: stock cycle, ``hvd.synchronize`` (a
+  completes: ``scripts/patches/horovod-0.28.1-latency.patch``; the all-reduce runs by recursive
+  halving-doubling: ``scripts/patches/horovod-0.28.1-halving-doubling.patch``);
+* ``horovod-ring``: the same with Gloo's ring all-reduce (``HOROVOD_LS_STOCK_ALLREDUCE=1``);
+* ``horovod-poll``: the same as ``horovod-ring``, waiting by polling with short sleeps (what stock builds
+  do here);
+* ``horovod-stock``: polling, Gloo's ring, and the background loop sleeping out every cycle as stock
+  Horovod does (``HOROVOD_LS_STOCK_CYCLE=1``): this project before both patches;
+* ``horovod-spin``: stock Horovod as a user would call it: stock cycle and ring, ``hvd.synchronize`` (a
   ``yield`` loop).
 
 Per round: the critical path the exchange adds to a step, from the moment the LAST rank enters to the
@@ -39,7 +42,7 @@ from benchmarks.report import write_rescore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "results", "scale")
-VARIANTS = ("gloo", "horovod", "horovod-poll", "horovod-stock", "horovod-spin")
+VARIANTS = ("gloo", "horovod", "horovod-ring", "horovod-poll", "horovod-stock", "horovod-spin")
 MLP_SHAPES = [(256, 40), (256,), (256, 256), (256,), (10, 256), (10,)]  # the matrix's model (mlp 256-256, 40 in, 10 out)
 SKIP = 10  # first rounds: names negotiated, caches warm
 
@@ -53,6 +56,8 @@ def _worker(rank: int, size: int, port: int, variant: str, torch_port: int, cycl
     torch.set_num_threads(1)
     if variant.startswith("horovod"):
         os.environ.update(horovod_worker_env(rank, size, port, 300, cycle_time_ms=cycle_ms))
+        if variant != "horovod":
+            os.environ["HOROVOD_LS_STOCK_ALLREDUCE"] = "1"
         if variant in ("horovod-stock", "horovod-spin"):
             os.environ["HOROVOD_LS_STOCK_CYCLE"] = "1"
         import horovod.torch as hvd
@@ -78,7 +83,7 @@ def _worker(rank: int, size: int, port: int, variant: str, torch_port: int, cycl
         bucket = torch.zeros(sum(g.numel() for g in grads))
 
         def exchange() -> None:
-            if variant in ("horovod", "horovod-poll", "horovod-stock"):
+            if variant in ("horovod", "horovod-ring", "horovod-poll", "horovod-stock"):
                 comm.allreduce_grouped_(grads, op="mean", tag="grads")
                 return
             if variant == "horovod-spin":  # Horovod's own wait (a sched_yield loop) instead of polling

@@ -471,6 +471,22 @@ def ring_allreduce_predicted_s(workers: int, hosts: int, floats: int, rate_mbit:
     return 2 * (k - 1) / k * floats * 4 * 8 / (rate_mbit * 1e6)
 
 
+def halving_doubling_allreduce_predicted_s(workers: int, hosts: int, floats: int, rate_mbit: float) -> float:
+    """Seconds a recursive halving-doubling all-reduce (this project's Horovod build on CPU,
+    ``scripts/patches/horovod-0.28.1-halving-doubling.patch``) of ``floats`` float32 values spends on the
+    links, ranks placed in blocks of ``workers / hosts``, both powers of two: the steps within a host come
+    first (peers at distance 1, 2, ...), so each rank enters the steps across hosts with hosts / workers of
+    the data and sends (h-1)/k of it across in the reduce-scatter, as much in the all-gather: each host's
+    uplink carries 2(h-1)/h x S (a ring: 2(k-1)/k x S, :func:`ring_allreduce_predicted_s`)."""
+    k, h = workers, hosts
+    if h < 2:
+        return 0.0
+    per_host = k // h
+    if k % h or per_host & (per_host - 1) or h & (h - 1):
+        raise ValueError(f"workers / hosts and hosts must be powers of two (got {k} workers on {h} hosts)")
+    return 2 * (h - 1) / h * floats * 4 * 8 / (rate_mbit * 1e6)
+
+
 SLURM_SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
 
 

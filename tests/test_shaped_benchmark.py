@@ -3,7 +3,7 @@ the run order, the paired ratios and verdicts, bad options."""
 import pytest
 
 from benchmarks import shaped_network as sn
-from benchmarks.network import ring_allreduce_predicted_s, worker_layouts
+from benchmarks.network import halving_doubling_allreduce_predicted_s, ring_allreduce_predicted_s, worker_layouts
 
 
 def test_parameter_count_matches_the_model():
@@ -71,3 +71,16 @@ def test_bad_options_fail_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         sn.main(["--hosts", "3", "--workers", "4"])
     assert "--hosts 3: must divide --workers 4" in capsys.readouterr().err
+
+
+def test_halving_doubling_prediction_is_what_crosses_each_host_link():
+    mbit_s = 100.0
+    one = 1000 * 4 * 8 / (mbit_s * 1e6)  # 1000 float32 values over the link once
+    assert halving_doubling_allreduce_predicted_s(4, 2, 1000, mbit_s) == pytest.approx(one)  # 2(h-1)/h = 1
+    assert halving_doubling_allreduce_predicted_s(8, 4, 1000, mbit_s) == pytest.approx(1.5 * one)
+    assert halving_doubling_allreduce_predicted_s(8, 1, 1000, mbit_s) == 0.0
+    # less than a ring's 2(k-1)/k whenever a host holds more than one rank
+    assert halving_doubling_allreduce_predicted_s(8, 2, 1000, mbit_s) < ring_allreduce_predicted_s(8, 2, 1000, mbit_s)
+    for workers, hosts in ((6, 2), (12, 4), (6, 3)):
+        with pytest.raises(ValueError, match="powers of two"):
+            halving_doubling_allreduce_predicted_s(workers, hosts, 1000, mbit_s)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from benchmarks import network
-from benchmarks.network import LinkShape, NamespacedHosts, allreduce_seconds, ring_allreduce_predicted_s
+from benchmarks.network import (LinkShape, NamespacedHosts, allreduce_seconds, halving_doubling_allreduce_predicted_s,
+                                ring_allreduce_predicted_s)
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess]
 FLOATS = 524288  # 2 MiB: at the slow rate the links, not the CPUs, take most of the time
@@ -32,7 +33,9 @@ def _ours():
 
 @pytest.mark.exclusive  # times against a prediction: nothing else runs beside it under pytest -n 2
 def test_allreduce_time_grows_as_the_bandwidth_predicts(tmp_path):
-    # Prediction (ring_allreduce_predicted_s): 2(k-1)/k x 2 MiB over each host's link. Bounds: no faster than
+    # Prediction (halving_doubling_allreduce_predicted_s, the all-reduce this project's Horovod build runs):
+    # 2(h-1)/h x 2 MiB over each host's link (a ring would send 2(k-1)/k, 1.5 x as much: checked against
+    # at the low rate below). Bounds: no faster than
     # 0.9x the prediction (the link cannot be beaten; the token bucket's burst lets at most ~3% of the data
     # through early); no slower than 1.2x it (TCP and Ethernet headers: ~5%, 1448 payload bytes per 1514 on
     # the wire; ramp-up) plus 3x the unshaped time (the sums and copies on this machine's two CPUs, which
@@ -44,10 +47,12 @@ def test_allreduce_time_grows_as_the_bandwidth_predicts(tmp_path):
     median = {rate: statistics.median(s) for rate, s in zip(rates, secs)}
     base = median[None]
     for rate in (200.0, 50.0):
-        predicted = ring_allreduce_predicted_s(4, 2, FLOATS, rate)
+        predicted = halving_doubling_allreduce_predicted_s(4, 2, FLOATS, rate)
         assert 0.9 * predicted <= median[rate] <= 1.2 * predicted + 3 * base, (rate, median, predicted)
+    # not the ring's traffic: at the low rate the ring's prediction is well above what was measured
+    assert median[50.0] < 0.9 * ring_allreduce_predicted_s(4, 2, FLOATS, 50.0), median
     # shaping, not the machine, sets the time at the low rate
-    assert base < ring_allreduce_predicted_s(4, 2, FLOATS, 50.0) / 4, median
+    assert base < halving_doubling_allreduce_predicted_s(4, 2, FLOATS, 50.0) / 4, median
     assert not _ours()
 
 
@@ -65,10 +70,11 @@ def test_training_attaches_across_hosts(tmp_path):
     assert summary["world_size"] == 4 and summary["train_samples"] == 8 * 32 * 4
     # every rank's profiler saw all 8 steps: the four workers trained together, two per host
     assert [summary["per_rank"][str(r)]["steps"] for r in range(4)] == [8, 8, 8, 8]
-    # and the gradients crossed the link: each host sent at least 2(k-1)/k of the gradient per step
-    # (float32; the quick trainer's MLP 40-256-256-10), as a ring across two hosts must
+    # and the gradients crossed the link: each host sent at least 2(h-1)/h of the gradient per step
+    # (float32; the quick trainer's MLP 40-256-256-10), as a halving-doubling all-reduce across two hosts
+    # must (this project's Horovod build; a ring: 2(k-1)/k)
     params = 40 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
-    assert min(sent) >= 8 * 1.5 * params * 4, sent
+    assert min(sent) >= 8 * 1.0 * params * 4, sent
     assert not [ns for ns in network.namespaces() if ns in names]
     assert not _ours()
 
