@@ -56,6 +56,8 @@ def _worker(rank: int, size: int, port: int, variant: str, torch_port: int, cycl
     torch.set_num_threads(1)
     if variant.startswith("horovod"):
         os.environ.update(horovod_worker_env(rank, size, port, 300, cycle_time_ms=cycle_ms))
+        os.environ.pop("HOROVOD_LS_STOCK_ALLREDUCE", None)  # an exported switch would make "horovod" the ring
+        os.environ.pop("HOROVOD_LS_STOCK_CYCLE", None)
         if variant != "horovod":
             os.environ["HOROVOD_LS_STOCK_ALLREDUCE"] = "1"
         if variant in ("horovod-stock", "horovod-spin"):

@@ -56,7 +56,11 @@ def parameter_count(hidden: Sequence[int], inputs: int = 40, classes: int = 10) 
 def sim_sync_s(algo: str, workers: int, hidden: Sequence[int], rate_mbit: float) -> float:
     """The simulator's network model (lightning_straggler.sim.network.Network, alpha 0, beta = 1/rate) for
     one step's gradient exchange: ring over all workers, dssync over its group of 2. The model has no hosts
-    and no contention; for block-placed ranks it predicts ring exactly as a host link carries it."""
+    and no contention; for block-placed ranks it predicts a RING all-reduce exactly as a host link carries it:
+    2(k-1)/k of the data. This project's Horovod build runs halving-doubling (README, "Where the rest went"),
+    which sends 2(h-1)/h across hosts: the same at one worker per host, less with several per host, where
+    this model over-predicts ring by up to (k-1)h/((h-1)k) (1.5 x at 2 hosts x 2 workers; runs with
+    HOROVOD_LS_STOCK_ALLREDUCE=1 measure the ring it models)."""
     from lightning_straggler.sim.network import Network
 
     net = Network("shaped", alpha_s=0.0, beta_s_per_byte=8 / (rate_mbit * 1e6))

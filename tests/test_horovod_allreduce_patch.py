@@ -13,9 +13,10 @@ DTYPES = ("float32", "float64", "float16")
 
 
 def _counts(size: int) -> list[int]:
-    # 1: the ring's case (most of its segments empty); 2 x size - 1 and 2 x size: either side of the
-    # switch; 1001: uneven chunks; 78858: the matrix MLP's gradients
-    return [1, 2 * size - 1, 2 * size, 1001, 78858]
+    # 1: the ring's case (most of its segments empty); 2 x n - 1 and 2 x n: either side of the switch for
+    # the world (n = size) and for the process set (n = size - 1); 1001: uneven chunks; 78858: the
+    # matrix MLP's gradients
+    return sorted({1, 2 * (size - 1) - 1, 2 * (size - 1), 2 * size - 1, 2 * size, 1001, 78858})
 
 
 def _inputs(rank: int, count: int, dtype: str):
