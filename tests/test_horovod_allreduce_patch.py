@@ -26,7 +26,8 @@ def _inputs(rank: int, count: int, dtype: str):
     return torch.randn(count, generator=g, dtype=torch.float64).to(getattr(torch, dtype))
 
 
-def _sums(rank: int, size: int, port: int, stock: bool, results) -> None:
+def _worker_env(rank: int, size: int, port: int, stock: bool) -> None:
+    """A local Gloo job's environment for this rank; ``stock``: Gloo's ring (``HOROVOD_LS_STOCK_ALLREDUCE``)."""
     import os
 
     from lightning_straggler.launcher import horovod_worker_env
@@ -36,6 +37,10 @@ def _sums(rank: int, size: int, port: int, stock: bool, results) -> None:
         os.environ["HOROVOD_LS_STOCK_ALLREDUCE"] = "1"
     else:
         os.environ.pop("HOROVOD_LS_STOCK_ALLREDUCE", None)
+
+
+def _sums(rank: int, size: int, port: int, stock: bool, results) -> None:
+    _worker_env(rank, size, port, stock)
     import horovod.torch as hvd
     import torch
 
@@ -81,15 +86,7 @@ ORDER_VALUES = (1e8, 1.0, -1e8, 1.0)  # float32: 1e8 + 1 == 1e8, so the order of
 
 
 def _order(rank: int, size: int, port: int, stock: bool, results) -> None:
-    import os
-
-    from lightning_straggler.launcher import horovod_worker_env
-
-    os.environ.update(horovod_worker_env(rank, size, port, 120))
-    if stock:
-        os.environ["HOROVOD_LS_STOCK_ALLREDUCE"] = "1"
-    else:
-        os.environ.pop("HOROVOD_LS_STOCK_ALLREDUCE", None)
+    _worker_env(rank, size, port, stock)
     import horovod.torch as hvd
     import torch
 
