@@ -42,6 +42,9 @@ ALGORITHMS = {
     # the same, its pairs exchanging in one world all-to-all per step instead of one process set each
     "dssync-a2a": ["algorithm=dssync", "algorithm.group_size=2", "algorithm.schedule=butterfly", "algorithm.sync=params",
                    "algorithm.exchange=alltoall"],
+    # the same, every step's pairs starting in one Horovod cycle (after a one-value world all-reduce)
+    "dssync-aligned": ["algorithm=dssync", "algorithm.group_size=2", "algorithm.schedule=butterfly",
+                       "algorithm.sync=params", "algorithm.exchange=aligned"],
     "awar": ["algorithm=awar"], "dpar": ["algorithm=dpar"], "boa": ["algorithm=boa"],
 }
 DSSYNC_TARGET = 1.5
@@ -139,7 +142,7 @@ def aggregate(runs: List[Dict[str, Any]], algorithms: Sequence[str], options: Di
                         "bytes_per_step_per_host_median": statistics.median(max(r["bytes_per_step_per_host"])
                                                                             for r in ring),
                         "val_acc_median": statistics.median(r["val_acc"] for r in ring if r["val_acc"] is not None)}
-        for algo in ("ring", "dssync", "dssync-a2a"):
+        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a"):
             if algo in cell:
                 predicted = sim_sync_s(algo, options["workers"], options["hidden"], options["rate_mbit"])
                 error = predicted / cell[algo]["sync_s_per_step_median"] - 1
@@ -185,7 +188,7 @@ def markdown(result: Dict[str, Any]) -> str:
               "measured sync time per step; rule as in sim_validate: |predicted / measured - 1| <= 15%.", "",
               "| hosts | algorithm | predicted s/step | measured s/step | error | within 15% |", "|---|---|---|---|---|---|"]
     for hosts, cell in result["table"].items():
-        for algo in ("ring", "dssync", "dssync-a2a"):
+        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a"):
             if "sim_network" in cell.get(algo, {}):
                 c = cell[algo]["sim_network"]
                 lines.append(f"| {hosts} | {algo} | {c['predicted_sync_s_per_step']:.3f} | "

@@ -13,7 +13,7 @@ from tests.test_ring_multiprocess import fit, make_model
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("exchange", ["sets", "alltoall"])
+@pytest.mark.parametrize("exchange", ["sets", "aligned", "alltoall"])
 def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_makes_consensus(exchange):
     world = 4
     schedule = DSSyncSchedule(world, 2, "butterfly")

@@ -339,6 +339,39 @@ def test_dssync_alltoall_exchange_trains_as_process_sets_do(sync, schedule, seed
     assert not any("-" in n.split(".")[-1] for n in names), names  # no collective over a group of ranks
 
 
+@pytest.mark.parametrize("sync", ["params", "grads"])
+@pytest.mark.parametrize("schedule, seed", [("butterfly", 0), ("random", 3)])
+def test_dssync_aligned_exchange_trains_as_process_sets_do_each_group_right_after_one_world_alignment(
+        sync, schedule, seed):
+    """exchange="aligned" runs the groups' all-reduces of exchange="sets" (same models, same events, under
+    random stragglers), each rank calling the one-value world all-reduce right before its group's, once per
+    step; also a rank alone in its group (random partitions of 5 ranks always leave one), so every rank
+    reaches it equally often."""
+    world = 5
+    delay = _random_delays(seed, world, 12)
+    make = lambda exchange: lambda comm: DSSyncStrategy(comm=comm, group_size=2, schedule=schedule, seed=seed,  # noqa: E731
+                                                        sync=sync, global_every_steps=5, exchange=exchange)
+    log: List[Tuple[int, str]] = []
+    sets = fit_in_process(world, make("sets"), steps=12, delay=delay, val_every=7)
+    aligned = fit_in_process(world, make("aligned"), steps=12, delay=delay, val_every=7, collectives=log)
+    assert [o["step"] for o in aligned] == [12] * world
+    for x, y in zip(aligned, sets):
+        assert x["events"] == y["events"]
+        for a, b in zip(x["params"], y["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
+    from lightning_straggler.policies.dssync import DSSyncSchedule
+
+    plan = DSSyncSchedule(world, 2, schedule, None, seed)
+    for rank in range(world):
+        names = [name for r, name in log if r == rank]
+        aligns = [i for i, name in enumerate(names) if name == f"{sync}.align.all"]
+        assert len(aligns) == 12, names  # one per step
+        groups = [i for i, name in enumerate(names) if name.startswith(f"{sync}.") and "-" in name.split(".")[-1]]
+        alone = sum(len(plan.group_of(rank, step)) == 1 for step in range(12))
+        assert len(groups) == 12 - alone
+        assert all(i - 1 in aligns for i in groups)  # each group all-reduce right after an alignment
+
+
 def test_dssync_alltoall_names_the_rank_that_poisoned_its_group_without_a_collective():
     """sync="grads": a NaN loss on rank 2 at step 3 poisons only its pair's average; with nonfinite="skip"
     both members skip the step and name rank 2 from the parts they exchanged (no collective: the other pair

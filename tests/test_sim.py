@@ -159,8 +159,25 @@ def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pai
     # groups of one exchange nothing: no world-wide wait either (the strategy runs no all-to-all then)
     alone = simulate("dssync", w, FREE, group_size=1, exchange="alltoall").rank_step_end_s
     assert alone[0, 1:] == pytest.approx([step] * 7)  # step 0: only rank 0 paid for its slow step
-    with pytest.raises(ValueError, match="exchange must be one of sets, alltoall"):
+    with pytest.raises(ValueError, match="exchange must be one of sets, aligned, alltoall"):
         simulate("dssync", w, FREE, exchange="ring")
+
+
+def test_dssync_aligned_exchange_holds_everyone_for_a_straggler_then_starts_every_pair_together():
+    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
+                 steps=4, steps_per_epoch=0)
+    step = 32 * 2e-3
+    end = simulate("dssync", w, FREE, group_size=2, exchange="aligned").rank_step_end_s
+    assert end[0] == pytest.approx([50 * step] * 8) and end[-1] == pytest.approx([53 * step] * 8)
+    # with a network: the one-value world all-reduce, then a pair's all-reduce, every pair at once
+    net = Network("n", alpha_s=1e-4, beta_s_per_byte=1e-9)
+    quiet = workload(8, steps=3, steps_per_epoch=0)
+    ends = simulate("dssync", quiet, net, group_size=2, exchange="aligned").rank_step_end_s
+    per_step = 32 * 2e-3 + net.allreduce_s(8, 4) + net.allreduce_s(2, quiet.grad_bytes)
+    assert ends[1] == pytest.approx([2 * per_step] * 8)  # (the last step adds the end's global average)
+    # groups of one exchange nothing and align nothing
+    alone = simulate("dssync", w, FREE, group_size=1, exchange="aligned").rank_step_end_s
+    assert alone[0, 1:] == pytest.approx([step] * 7)
 
 
 def test_the_strategy_decides_with_the_policy_on_its_gathered_records():

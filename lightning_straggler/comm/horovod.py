@@ -167,7 +167,7 @@ class HorovodCollectives(Collectives):
                 wanted.append(key)
         if wanted and not self._dynamic:
             raise RuntimeError(f"process sets {wanted} were not registered at init and dynamic process sets are off")
-        for key in sorted(wanted):  # same order on every rank
+        for key in wanted:  # the given order (the same on every rank): Horovod coordinates sets in this order
             self._sets[key] = hvd.add_process_set(list(key))
 
     def process_set(self, group: Group):

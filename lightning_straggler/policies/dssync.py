@@ -187,7 +187,11 @@ class DSSyncSchedule:
                 for r in g:
                     owner[r] = g
             self._owner.append(owner)
-        self._all_groups = sorted({g for part in self._partitions for g in part})
+        # first appearance over the cycle: partition 0's groups, then partition 1's new ones, ... Horovod
+        # coordinates its process sets in creation order every cycle, one thread per rank; created so, a
+        # step's groups never wait in an idle set's coordination for a member still in another of the
+        # step's transfers, so they run at the same time (README, "Over shaped links")
+        self._all_groups = list(dict.fromkeys(g for part in self._partitions for g in part))
 
     def _random_partition(self, index: int) -> Partition:
         # One generator per (seed, index): any partition is recomputable alone, in any order.
@@ -207,7 +211,8 @@ class DSSyncSchedule:
         return self._owner[self._index(step)][rank]
 
     def all_groups(self) -> List[Group]:
-        """Every distinct group over the cycle, sorted: the process sets to create up front."""
+        """Every distinct group over the cycle, in order of first appearance (each partition's groups
+        together): the process sets to create up front, in this order."""
         return list(self._all_groups)
 
     def describe(self) -> dict:

@@ -10,6 +10,12 @@ How a step's groups exchange (``exchange``):
   the schedule can use at set-up (adding one is a collective over all ranks). A straggler holds up only
   its own group. Horovod coordinates every set a rank belongs to on every cycle, on one background
   thread (per-rank work that grows with the number of sets).
+- ``"aligned"``: the same process sets, every rank first taking part in a one-value world all-reduce
+  (``comm.align``) so that every group's all-reduce is coordinated in the same Horovod cycle. Horovod
+  runs every set's coordination and transfers on one background thread per rank, and every cycle
+  coordinates the world too: under ``"sets"`` a rank whose group is still transferring holds up the
+  others' coordination, so groups that start a cycle apart run one after another (measured over shaped
+  links: README, "Over shaped links"). Every step then waits for the slowest rank (as ``ring`` does).
 - ``"alltoall"``: one world all-to-all per step (``comm.allreduce_in_partition_``) in which each rank sends
   its tensors to the other members of its group only: what an all-reduce within a pair moves, no process
   set. Being a world operation, every step waits for the slowest rank (as ``ring`` does).
@@ -52,14 +58,16 @@ class DSSyncStrategy(HorovodStrategy):
         global_every_steps: also average over all workers every N optimizer steps (0 = off).
         global_at_epoch_end: average over all workers at every epoch end (always before validation and
             at the end of training, so validation and checkpoints see one consensus model).
-        exchange: ``"sets"`` (a Horovod process set per group: a straggler holds up only its group) or
-            ``"alltoall"`` (one world all-to-all per step, each rank sending to its group only: no process
-            sets, every step waits for the slowest rank). See the module docstring.
+        exchange: ``"sets"`` (a Horovod process set per group: a straggler holds up only its group),
+            ``"aligned"`` (the same sets, every group starting in the same Horovod cycle after a one-value
+            world all-reduce: every step waits for the slowest rank) or ``"alltoall"`` (one world all-to-all
+            per step, each rank sending to its group only: no process sets, every step waits for the slowest
+            rank). See the module docstring.
         **kwargs: :class:`HorovodStrategy`'s arguments.
     """
 
     strategy_name = "dssync"
-    uses_subgroups = True  # exchange="sets"; "alltoall" needs no process set (set per instance)
+    uses_subgroups = True  # exchange="sets" or "aligned"; "alltoall" needs no process set (set per instance)
 
     # defaults: the config schema's (one source for Trainer(strategy=DSSyncStrategy()), Hydra and the simulator)
     def __init__(self, group_size: int = C.group_size, schedule: str = C.schedule,
@@ -80,7 +88,7 @@ class DSSyncStrategy(HorovodStrategy):
         self.group_size, self.schedule_kind, self.num_partitions, self.seed = group_size, schedule, num_partitions, seed
         self.sync, self.global_every_steps, self.global_at_epoch_end = sync, global_every_steps, global_at_epoch_end
         self.exchange = exchange
-        self.uses_subgroups = exchange == "sets"
+        self.uses_subgroups = exchange != "alltoall"
         self.schedule: Optional[DSSyncSchedule] = None
         self._group = (0,)
         self._nonfinite_senders: List[int] = []  # members whose gradients made the last exchange non-finite
@@ -92,7 +100,7 @@ class DSSyncStrategy(HorovodStrategy):
         # group_size > world_size (e.g. a small local run) means one group of everyone
         size = min(self.group_size, self.world_size)
         self.schedule = DSSyncSchedule(self.world_size, size, self.schedule_kind, self.num_partitions, self.seed)
-        if self.exchange == "sets":
+        if self.uses_subgroups:
             self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
         if not self.events:
             self.record_event("schedule", schedule=self.schedule.describe(), sync=self.sync,
@@ -109,14 +117,17 @@ class DSSyncStrategy(HorovodStrategy):
 
     def _average_in_group(self, tensors: List[Tensor], tag: str, find_nonfinite: bool = False) -> None:
         """Average ``tensors`` within this step's group, by the configured exchange."""
-        if self.exchange == "sets":
+        assert self.schedule is not None
+        # aligned / alltoall: a world operation, so every rank takes part when any group of the partition
+        # (the same on every rank) exchanges, also a rank alone in its group
+        anyone_exchanges = max(len(g) for g in self.schedule.partition(self.steps_done)) > 1
+        if self.uses_subgroups:
+            if self.exchange == "aligned" and anyone_exchanges:
+                self.comm.align(tag=f"{tag}.align")
             if len(self._group) > 1:
                 self.comm.allreduce_grouped_(tensors, op="mean", group=self._group, tag=tag)
             return
-        assert self.schedule is not None
-        # a world operation: every rank takes part when any group of the partition (the same on every rank)
-        # exchanges, also a rank alone in its group
-        if max(len(g) for g in self.schedule.partition(self.steps_done)) > 1:
+        if anyone_exchanges:
             self._nonfinite_senders = self.comm.allreduce_in_partition_(tensors, self._group, op="mean", tag=tag,
                                                                         find_nonfinite=find_nonfinite)
 
@@ -129,7 +140,7 @@ class DSSyncStrategy(HorovodStrategy):
 
     @override
     def nonfinite_ranks_in_sync_group(self, mine_bad: bool, members: tuple) -> list:
-        if self.exchange == "sets":
+        if self.uses_subgroups:
             return super().nonfinite_ranks_in_sync_group(mine_bad, members)
         # the all-to-all handed every member each member's gradients: no collective to find whose were not
         # finite (a collective here could not be matched: other groups' ranks do not come). Unlike "sets", a
