@@ -7,7 +7,9 @@ Every (hosts, seed) block runs each algorithm once, plus ``ring`` a second time 
 own noise, the same cell twice), in an order shuffled by (hosts, seed) (recorded). Workers are placed in
 blocks (rank r on host r // (workers / hosts)), the MLP 40-H-...-10 on synthetic data (``--hidden``;
 the default 1024 1024 has 1.1 M parameters, 4.3 MB of float32 gradients: at 100 Mbit/s a ring all-reduce
-across hosts takes ~0.5 s, far more than a step's compute), no emulated device time, no stragglers,
+across hosts takes ~0.5 s, far more than a step's compute), the emulated device time of ``straggler=none``
+(1 ms per sample: 32 ms of a step's ~42 ms compute), no stragglers (until 2026-12-06 the runs inherited the
+main job's default transient straggler, rank 3 at 4 x from step 40: harmless at 40 steps, not at 60),
 validation only at the end. ``OMP_NUM_THREADS=1`` per worker.
 
 Per run: throughput (train_samples / wall_s, from summary.json), sync time per step (median over ranks of
@@ -81,7 +83,8 @@ def one_run(algo: str, hosts: int, workers: int, shape: LinkShape, seed: int, st
             run_dir: str) -> Dict[str, Any]:
     name = algo.split("#")[0]
     out = os.path.join(run_dir, "out")
-    argv = [sys.executable, "-m", "lightning_straggler.train", *ALGORITHMS[name], "trainer=quick",
+    # straggler=none: the main job's default is a transient straggler from step 40 (runs of more steps got it)
+    argv = [sys.executable, "-m", "lightning_straggler.train", *ALGORITHMS[name], "straggler=none", "trainer=quick",
             f"trainer.devices={workers}", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
             "data=synthetic", f"model.hidden=[{','.join(str(h) for h in hidden)}]", f"seed={seed}",
             f"output_dir={out}", f"hydra.run.dir={run_dir}/hydra{{rank}}"]

@@ -67,7 +67,7 @@ class DSSyncConfig:
     sync: str = "params"  # params (the paper's code) | grads
     global_every_steps: int = 0  # average over all workers every N steps (0 = off)
     global_at_epoch_end: bool = True
-    exchange: str = "sets"  # sets (a Horovod process set per group) | alltoall (one world all-to-all per step)
+    exchange: str = "sets"  # sets (a process set per group) | aligned (the same, started together) | alltoall
 
     def validate(self, world_size: int) -> None:
         from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule

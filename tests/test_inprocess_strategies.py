@@ -344,32 +344,42 @@ def test_dssync_alltoall_exchange_trains_as_process_sets_do(sync, schedule, seed
 def test_dssync_aligned_exchange_trains_as_process_sets_do_each_group_right_after_one_world_alignment(
         sync, schedule, seed):
     """exchange="aligned" runs the groups' all-reduces of exchange="sets" (same models, same events, under
-    random stragglers), each rank calling the one-value world all-reduce right before its group's, once per
-    step; also a rank alone in its group (random partitions of 5 ranks always leave one), so every rank
-    reaches it equally often."""
+    random stragglers; 5 ranks, so one group of 3), each rank calling the one-value world all-reduce right
+    before its group's, once per step; exchange="sets" calls none."""
     world = 5
     delay = _random_delays(seed, world, 12)
     make = lambda exchange: lambda comm: DSSyncStrategy(comm=comm, group_size=2, schedule=schedule, seed=seed,  # noqa: E731
                                                         sync=sync, global_every_steps=5, exchange=exchange)
+    sets_log: List[Tuple[int, str]] = []
     log: List[Tuple[int, str]] = []
-    sets = fit_in_process(world, make("sets"), steps=12, delay=delay, val_every=7)
+    sets = fit_in_process(world, make("sets"), steps=12, delay=delay, val_every=7, collectives=sets_log)
     aligned = fit_in_process(world, make("aligned"), steps=12, delay=delay, val_every=7, collectives=log)
     assert [o["step"] for o in aligned] == [12] * world
     for x, y in zip(aligned, sets):
         assert x["events"] == y["events"]
         for a, b in zip(x["params"], y["params"]):
             assert torch.allclose(a, b, atol=1e-6)
-    from lightning_straggler.policies.dssync import DSSyncSchedule
-
-    plan = DSSyncSchedule(world, 2, schedule, None, seed)
+    assert not [name for _, name in sets_log if ".align." in name]
     for rank in range(world):
         names = [name for r, name in log if r == rank]
         aligns = [i for i, name in enumerate(names) if name == f"{sync}.align.all"]
-        assert len(aligns) == 12, names  # one per step
         groups = [i for i, name in enumerate(names) if name.startswith(f"{sync}.") and "-" in name.split(".")[-1]]
-        alone = sum(len(plan.group_of(rank, step)) == 1 for step in range(12))
-        assert len(groups) == 12 - alone
+        assert len(aligns) == len(groups) == 12, names  # one alignment and one group all-reduce per step
         assert all(i - 1 in aligns for i in groups)  # each group all-reduce right after an alignment
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_dssync_aligned_exchange_aligns_nothing_without_groups_or_with_one_group_of_everyone(group_size):
+    """Groups of one exchange nothing, and one group of everyone is a world all-reduce already: no
+    alignment in either case, and the run matches exchange="sets"."""
+    make = lambda exchange: lambda comm: DSSyncStrategy(comm=comm, group_size=group_size, exchange=exchange)  # noqa: E731
+    log: List[Tuple[int, str]] = []
+    sets = fit_in_process(4, make("sets"), steps=6)
+    aligned = fit_in_process(4, make("aligned"), steps=6, collectives=log)
+    assert not [name for _, name in log if ".align." in name]
+    for x, y in zip(aligned, sets):
+        for a, b in zip(x["params"], y["params"]):
+            assert torch.allclose(a, b, atol=1e-6)
 
 
 def test_dssync_alltoall_names_the_rank_that_poisoned_its_group_without_a_collective():

@@ -281,12 +281,24 @@ def test_all_groups_is_exactly_the_groups_used(cfg):
     used = {grp for t in range(2 * s.num_partitions) for grp in s.partition(t)}
     groups = s.all_groups()
     assert set(groups) == used
-    # each group once, in order of first appearance over the cycle (the process sets' creation order)
-    first_seen = list(dict.fromkeys(grp for t in range(s.num_partitions) for grp in s.partition(t)))
-    assert groups == first_seen
+    assert len(groups) == len(set(groups))
+    # creation order: no group appears before a group of an earlier partition that is new there
+    first = {grp: min(t for t in range(s.num_partitions) if grp in s.partition(t)) for grp in groups}
+    assert [first[grp] for grp in groups] == sorted(first[grp] for grp in groups)
     assert s.describe()["num_groups"] == len(groups)
     # Bounded process sets: at most num_partitions * (N // g).
     assert len(groups) <= s.num_partitions * (cfg["world_size"] // cfg["group_size"])
+
+
+@pytest.mark.parametrize("n, g", POW2)
+def test_butterfly_groups_come_partition_by_partition(n, g):
+    """Each butterfly partition's groups are one consecutive block of all_groups(), in partition order:
+    the process sets are created so (Horovod coordinates them in creation order; README, "Over shaped
+    links")."""
+    s = DSSyncSchedule(n, g)
+    groups, per = s.all_groups(), n // g
+    for t in range(s.num_partitions):
+        assert sorted(groups[t * per:(t + 1) * per]) == sorted(s.partition(t))
 
 
 @pytest.mark.parametrize("n, g", POW2)

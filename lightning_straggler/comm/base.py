@@ -198,8 +198,9 @@ class Collectives(ABC):
 
     def align(self, tag: str = "align") -> None:
         """Return once every rank has called this: a one-value world all-reduce. Over Horovod every rank
-        returns from it in the same coordination cycle, so what each rank enqueues right after it is
-        coordinated in one cycle too: process-set operations enqueued so start together instead of one
+        learns of its completion in the same coordination cycle, so what each rank enqueues right after it
+        is normally coordinated in one cycle too (not guaranteed: a rank whose thread wakes late enqueues a
+        cycle later): process-set operations enqueued so start together instead of one
         waiting, in the world's coordination round, for another set's transfer to finish (dssync
         ``exchange="aligned"``; README, "Over shaped links")."""
         self.allreduce(torch.zeros(1), op="sum", tag=tag)

@@ -15,7 +15,8 @@ With ``exchange="alltoall"`` the step's groups average inside one world all-to-a
 rank has finished computing and costs ``group_alltoall_s(|G|, grad_bytes)`` per group (the largest group
 decides), so a straggler holds up everyone, as in ``ring``. With ``exchange="aligned"`` every rank first
 takes part in a one-value world all-reduce (``allreduce_s(N, 4)``), then the groups average as under
-``"sets"``, all starting together: a straggler holds up everyone too.
+``"sets"``, all starting together (no alignment for one group of everyone): a straggler holds up everyone
+too.
 Every sample counts (every gradient updates some model). Vectorised per group size.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ def simulate_dssync(workload: Workload, network: Network, group_size: int = 2, s
         elif exchange == "alltoall":  # groups of one: the strategy runs no exchange at all
             clock[:] = ready
         else:
-            if exchange == "aligned" and max(sizes) > 1:  # the world all-reduce that starts every group together
+            if exchange == "aligned" and max(sizes) > 1 and len(plan.partition(s)) > 1:  # starts every group together
                 ready[:] = ready.max() + network.allreduce_s(n, 4)
             for members in layouts[s % plan.num_partitions]:
                 size = members.shape[1]

@@ -122,7 +122,8 @@ class DSSyncStrategy(HorovodStrategy):
         # (the same on every rank) exchanges, also a rank alone in its group
         anyone_exchanges = max(len(g) for g in self.schedule.partition(self.steps_done)) > 1
         if self.uses_subgroups:
-            if self.exchange == "aligned" and anyone_exchanges:
+            # one group of everyone is a world all-reduce already: nothing to align
+            if self.exchange == "aligned" and anyone_exchanges and len(self.schedule.partition(self.steps_done)) > 1:
                 self.comm.align(tag=f"{tag}.align")
             if len(self._group) > 1:
                 self.comm.allreduce_grouped_(tensors, op="mean", group=self._group, tag=tag)
