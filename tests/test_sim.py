@@ -29,6 +29,12 @@ def workload(n=8, straggler=None, **kw):
     return Workload(**base)
 
 
+
+def rank0_slow_in_step0():
+    """8 workers, 4 steps, rank 0 50 x slow in step 0 only (the dssync straggler tests)."""
+    return workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
+                    steps=4, steps_per_epoch=0)
+
 def test_network_formulas_and_single_worker_costs_nothing():
     net = Network("t", alpha_s=1e-5, beta_s_per_byte=1e-9)
     assert net.allreduce_s(8, 1e6) == pytest.approx(2 * 7 * 1e-5 + 2 * 7 / 8 * 1e6 * 1e-9)
@@ -129,8 +135,7 @@ def test_dssync_with_one_group_of_everyone_is_ring():
 
 def test_dssync_contains_a_straggler_to_its_group_for_one_step():
     # rank 0 is 50x slow in step 0 only; butterfly pairs of 2: step 0 (0,1)(2,3)..., step 1 (0,2)(1,3)...
-    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
-                 steps=4, steps_per_epoch=0)
+    w = rank0_slow_in_step0()
     step = 32 * 2e-3
     end = simulate("dssync", w, FREE, group_size=2).rank_step_end_s
     # step 0: only rank 0's partner waits for it; the other six finish at full speed
@@ -146,8 +151,7 @@ def test_dssync_contains_a_straggler_to_its_group_for_one_step():
 
 def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pairs_bytes():
     # the straggler of the test above: with one world all-to-all per step every rank waits for it at once
-    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
-                 steps=4, steps_per_epoch=0)
+    w = rank0_slow_in_step0()
     step = 32 * 2e-3
     end = simulate("dssync", w, FREE, group_size=2, exchange="alltoall").rank_step_end_s
     assert end[0] == pytest.approx([50 * step] * 8) and end[-1] == pytest.approx([53 * step] * 8)
@@ -164,8 +168,7 @@ def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pai
 
 
 def test_dssync_aligned_exchange_holds_everyone_for_a_straggler_then_starts_every_pair_together():
-    w = workload(8, {"scenario": "transient", "events": [{"rank": 0, "factor": 50.0, "start_step": 0, "end_step": 1}]},
-                 steps=4, steps_per_epoch=0)
+    w = rank0_slow_in_step0()
     step = 32 * 2e-3
     end = simulate("dssync", w, FREE, group_size=2, exchange="aligned").rank_step_end_s
     assert end[0] == pytest.approx([50 * step] * 8) and end[-1] == pytest.approx([53 * step] * 8)

@@ -120,10 +120,11 @@ class DSSyncStrategy(HorovodStrategy):
         assert self.schedule is not None
         # aligned / alltoall: a world operation, so every rank takes part when any group of the partition
         # (the same on every rank) exchanges, also a rank alone in its group
-        anyone_exchanges = max(len(g) for g in self.schedule.partition(self.steps_done)) > 1
+        partition = self.schedule.partition(self.steps_done)
+        anyone_exchanges = max(len(g) for g in partition) > 1
         if self.uses_subgroups:
             # one group of everyone is a world all-reduce already: nothing to align
-            if self.exchange == "aligned" and anyone_exchanges and len(self.schedule.partition(self.steps_done)) > 1:
+            if self.exchange == "aligned" and anyone_exchanges and len(partition) > 1:
                 self.comm.align(tag=f"{tag}.align")
             if len(self._group) > 1:
                 self.comm.allreduce_grouped_(tensors, op="mean", group=self._group, tag=tag)
