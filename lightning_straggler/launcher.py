@@ -69,7 +69,8 @@ class Report:
     """How one worker ended: ``exitcode`` (negative: killed by that signal), its traceback (empty when
     it did not raise), when it noted its own exception (``noted``, before it shut Horovod down; 0 when it
     did not) and when the launcher saw it exit (``seen``). ``frozen`` describes a worker the watchdog
-    found frozen (and ended)."""
+    found frozen (and ended); ``stopped`` one still running when the launcher stopped the job after
+    another's failure (its exit code is then the launcher's signal, not its own)."""
 
     rank: int
     exitcode: Optional[int]
@@ -77,6 +78,7 @@ class Report:
     noted: float = 0.0
     seen: float = 0.0
     frozen: str = ""
+    stopped: str = ""
 
     @property
     def at(self) -> float:
@@ -84,8 +86,9 @@ class Report:
         return self.noted or self.seen
 
 
-# Levels of blame, most to least likely to be the cause.
-OWN, ABORTED, CONSEQUENCE = 0, 1, 2
+# Levels of blame, most to least likely to be the cause; STOPPED (still running when the job was
+# stopped) is listed, never blamed.
+OWN, ABORTED, CONSEQUENCE, STOPPED = 0, 1, 2, 3
 
 
 def exception_text(traceback_text: str) -> str:
@@ -100,7 +103,9 @@ def classify(report: Report) -> Tuple[int, str, str]:
     own, a kill by any signal but SIGABRT, an exit code, a freeze); ABORTED: SIGABRT, which is what Gloo's
     background thread ends a process with when a peer's connection breaks or a collective gives up, so
     usually a peer's death; CONSEQUENCE: an exception that follows from a peer's exit or Horovod shutting
-    down (see CONSEQUENCES)."""
+    down (see CONSEQUENCES). STOPPED: a worker the launcher stopped while it was still running."""
+    if report.stopped:
+        return STOPPED, "stopped", report.stopped
     if report.frozen:
         return OWN, "frozen", report.frozen
     code = report.exitcode
@@ -120,8 +125,8 @@ def blame(reports: Sequence[Report], size: int) -> "WorkerFailure":
     ``at``, then the lowest rank, whatever order the reports came in. ``dead_ranks`` (those a restart goes
     on without) are every rank that failed on its own; a single SIGABRT when nobody failed on their own;
     none when only consequences (or several SIGABRTs) were seen."""
-    failed = [(classify(r), r) for r in reports if r.exitcode != 0 or r.frozen]
-    if not failed:
+    failed = [(classify(r), r) for r in reports if r.exitcode != 0 or r.frozen or r.stopped]
+    if all(level == STOPPED for (level, _, _), _ in failed):
         return WorkerFailure(f"the workers (of {size}) ended without a reported failure", "died", None,
                              "no failure reported", [])
     failed.sort(key=lambda item: (item[0][0], item[1].at, item[1].rank))
@@ -411,8 +416,20 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
                 # only consequences so far (e.g. healthy ranks whose collective gave up): a frozen peer?
                 frozen = self._end_frozen(procs, pending, exits, seen, healthy_peers_died=True)
         natural = dict(exits)  # exits before we stopped anyone (and the frozen ranks we ended)
+        running = self._still_running(pending, natural, seen)
         self._stop(procs)
-        raise self._diagnose(context, natural, seen, stall, timed_out, job_timeout, frozen)
+        raise self._diagnose(context, natural, seen, stall, timed_out, job_timeout, frozen, running)
+
+    def _still_running(self, pending, exits: Dict[int, int], seen: Dict[int, float]) -> Dict[int, str]:
+        """The ranks about to be stopped while still running, described: their reports are not dropped."""
+        failures = [seen[i] for i, code in exits.items() if code != 0 and i in seen]
+        since = f" {time.time() - min(failures):.1f} s after the first failure" if failures else ""
+        running = {}
+        for i in sorted(pending.values()):
+            noted = self._board.failed_at(i) if self._board is not None else 0.0
+            own = f" (it had caught an exception of its own {time.time() - noted:.1f} s before)" if noted else ""
+            running[i] = f"was still running{since}{own}; stopped by the launcher"
+        return running
 
     @staticmethod
     def _busy(procs, pending, cpu: Dict[int, Tuple[Optional[int], float]]) -> List[int]:
@@ -489,7 +506,8 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
                 p.join(max(0.0, end - time.monotonic()))
 
     def _diagnose(self, context, exits: Dict[int, int], seen: Dict[int, float], stall: Optional[str],
-                  timed_out: bool, job_timeout: float, frozen: Optional[Dict[int, str]] = None) -> WorkerFailure:
+                  timed_out: bool, job_timeout: float, frozen: Optional[Dict[int, str]] = None,
+                  running: Optional[Dict[int, str]] = None) -> WorkerFailure:
         size = len(context.processes)
         frozen = frozen or {}
         if stall and not frozen:
@@ -500,6 +518,10 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
             msg = f"the job ran over trainer.job_timeout_s={job_timeout:g} s; all {size} workers were stopped"
             return WorkerFailure(msg, "timeout", None, "job timeout", [])
         reports = [self._report(context, i, code, seen, frozen.get(i, "")) for i, code in exits.items()]
+        for i, why in (running or {}).items():
+            report = self._report(context, i, context.processes[i].exitcode, seen)
+            report.stopped = why
+            reports.append(report)
         return blame(reports, size)
 
     def _wrapping_function(self, process_idx: int, trainer, function: Callable, args: Any, kwargs: Any,

@@ -69,8 +69,11 @@ class SocketAddresses(Callback):
 
 class RaiseAfterPeersFail(_AtStep):
     """Provokes the blame race: shuts Horovod down first (so the peers fail with "Horovod has been shut
-    down"), waits until every peer has exited, then raises its own error, which thus reaches the launcher
-    last (noted and seen after every consequence)."""
+    down"), waits until the peers have exited, then raises its own error, which thus reaches the launcher
+    after their consequences. It waits at most ``wait_s``, well inside the launcher's grace period after
+    the first failure (launcher._GRACE_S): raised any later, the launcher would already have stopped it."""
+
+    wait_s = 3.0
 
     def act(self, trainer) -> None:
         import time
@@ -79,9 +82,18 @@ class RaiseAfterPeersFail(_AtStep):
 
         peers = peer_workers()
         trainer.strategy.comm.shutdown()
-        psutil.wait_procs(peers, timeout=20.0)
+        psutil.wait_procs(peers, timeout=self.wait_s)
         time.sleep(0.2)
         raise ValueError(f"own error on purpose at step {self.step}, after the peers failed")
+
+
+class SleepOnRank(_AtStep):
+    """Sleeps in its own code (outside any collective) far longer than the launcher's grace period."""
+
+    def act(self, trainer) -> None:
+        import time
+
+        time.sleep(120.0)
 
 
 class FreezeRank(_AtStep):

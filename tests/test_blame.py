@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from lightning_straggler.launcher import ABORTED, CONSEQUENCE, OWN, Report, blame, classify, exception_text
+from lightning_straggler.launcher import ABORTED, CONSEQUENCE, OWN, STOPPED, Report, blame, classify, exception_text
 
 
 def _tb(exception_line, frames=("lightning/pytorch/trainer/trainer.py", "lightning_straggler/strategies/horovod_base.py")):
@@ -82,6 +82,18 @@ def test_several_own_failures_first_noted_first_and_all_dead():
         assert failure.rank == 3 and failure.dead_ranks == [1, 3] and "-- also: rank 1 raised" in str(failure)
 
 
+def test_a_rank_stopped_while_still_running_is_listed_never_blamed():
+    # its exit code is the launcher's SIGTERM, which must not read as "killed by SIGTERM" (its own failure)
+    stopped = Report(2, -signal.SIGTERM, stopped="was still running 5.0 s after the first failure; stopped by the launcher")
+    reports = [Report(0, 1, SHUT_DOWN, noted=7.0, seen=7.5), Report(1, 1, USER, noted=6.0, seen=8.0), stopped]
+    for order in _orders(reports):
+        failure = blame(order, 3)
+        assert failure.rank == 1 and failure.dead_ranks == [1] and len(failure.reports) == 3
+        assert "rank 2 was still running 5.0 s after the first failure; stopped by the launcher" in str(failure)
+    alone = blame([stopped, Report(0, 0, seen=1.0)], 2)
+    assert alone.rank is None and alone.dead_ranks == [] and "without a reported failure" in str(alone)
+
+
 def test_classification():
     assert classify(Report(0, -signal.SIGKILL))[:2] == (OWN, "died")
     assert classify(Report(0, -signal.SIGSEGV))[:2] == (OWN, "died")
@@ -91,6 +103,7 @@ def test_classification():
     for text in (NO_SET, SHUT_DOWN, BROKEN):
         assert classify(Report(0, 1, text))[:2] == (CONSEQUENCE, "raised")
     assert classify(Report(0, -signal.SIGKILL, frozen="froze"))[:2] == (OWN, "frozen")
+    assert classify(Report(0, -signal.SIGTERM, stopped="stopped"))[:2] == (STOPPED, "stopped")
 
 
 def test_exception_text_takes_the_last_exception_of_a_chain():

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from lightning_straggler.launcher import OWN, WorkerFailure, classify
+from lightning_straggler.launcher import CONSEQUENCE, WorkerFailure, classify
 from lightning_straggler.train import train
-from tests.reliability_helpers import FreezeRank, KillRank, RaiseAfterPeersFail, RaiseOnRank, StallRank
+from tests.reliability_helpers import FreezeRank, KillRank, RaiseAfterPeersFail, RaiseOnRank, SleepOnRank, StallRank
 
 pytestmark = pytest.mark.multiprocess
 
@@ -85,18 +85,33 @@ def test_exception_in_user_code_names_the_rank_and_the_exception(tmp_path):
     print(f"ended {time.monotonic() - started:.1f} s after the start")
 
 
+def test_a_rank_still_running_when_the_job_is_stopped_is_reported_not_dropped(tmp_path):
+    """rank 1 raises; rank 3 sleeps in its own code past the launcher's grace period: the launcher stops
+    it, and its report says so (not blamed, not among the dead) instead of being left out."""
+    with pytest.raises(WorkerFailure) as info:
+        train(small_job(tmp_path), callbacks=[RaiseOnRank(rank=1, step=4, world=4), SleepOnRank(rank=3, step=4, world=4)])
+    failure = info.value
+    assert failure.kind == "raised" and failure.rank == 1 and failure.dead_ranks == [1], str(failure)
+    assert sorted(r.rank for r in failure.reports) == [0, 1, 2, 3]
+    [sleeper] = [r for r in failure.reports if r.rank == 3]
+    assert sleeper.stopped and classify(sleeper)[1] == "stopped"
+    assert re.search(r"rank 3 was still running \d+\.\d s after the first failure; stopped by the launcher", str(failure))
+
+
 @pytest.mark.timeout(300)
 def test_own_error_is_blamed_even_when_the_peers_consequences_arrive_first(tmp_path):
     """The race seen on a fresh clone, provoked: rank 2 shuts Horovod down, waits until its peers have
-    failed from that and exited, and only then raises."""
+    failed from that and exited (at most 3 s), and only then raises: the first failure the launcher sees
+    (and the first noted) is a peer's consequence."""
     with pytest.raises(WorkerFailure) as info:
         train(small_job(tmp_path), callbacks=[RaiseAfterPeersFail(rank=2, step=4, world=4)])
     failure = info.value
-    order = [(r.rank, r.exitcode, classify(r)[0]) for r in failure.reports]
+    order = [(r.rank, r.exitcode, classify(r)[0], r.noted, r.seen, r.stopped) for r in failure.reports]
+    assert sorted(r.rank for r in failure.reports) == [0, 1, 2, 3], order  # nobody's report dropped
     mine = next(r for r in failure.reports if r.rank == 2)
     peers = [r for r in failure.reports if r.rank != 2]
-    assert len(peers) == 3 and all(classify(r)[0] != OWN for r in peers), order  # consequences only
-    assert max(r.seen for r in peers) < mine.seen and max(r.noted for r in peers) < mine.noted, order  # and first
+    assert not mine.stopped and all(classify(r)[0] == CONSEQUENCE for r in peers), order  # consequences only
+    assert min(r.seen for r in peers) < mine.seen and min(r.noted for r in peers) < mine.noted, order  # one first
     assert failure.kind == "raised" and failure.rank == 2 and failure.dead_ranks == [2], str(failure)
     assert str(failure).startswith("worker rank 2 (of 4) raised ValueError: own error on purpose at step 4")
 
