@@ -207,8 +207,14 @@ def test_resume_gives_identical_decisions(name, tmp_path):
     assert moved[0] == (3, out) and [e for e in events if e["kind"] != "early_boundary"][0]["step"] == 7
     assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
     if name == "dpar":
-        # a restart with fewer workers (after a dead one): the algorithm's state starts afresh, no failure
-        strategy = DparStrategy(window_steps=5)
-        model, trainer = run(strategy, 2 * k, ckpt_path=ckpt, devices=2)
-        assert all(e["step"] >= k for e in strategy.run_report["events"])  # the saved events were not restored
+        # a restart with fewer workers (after a dead one): the algorithm's state starts afresh, no failure;
+        # its step numbers go on from the checkpoint's (they used to restart at 0: rank 1, 8x slow, was
+        # excluded "at step 2"); rank 1 stays outside to the end and still ends on the group's model
+        strategy = DparStrategy(window_steps=5, strikeout_ratio=1000.0)
+        slow = [StragglerInjector(StaticSchedule([1.0, 8.0]), device_ms_per_sample=2.0), RankSpread()]
+        model, trainer = run(strategy, 2 * k, slow, ckpt_path=ckpt, devices=2)
+        events = strategy.run_report["events"]
+        assert events and all(e["step"] >= k for e in events), events  # the saved events were not restored
+        assert (1, "slow") in [(e["rank"], e["to_state"]) for e in events if e["kind"] == "transition"], events
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
         assert np.isfinite(flat_params(model).numpy()).all()

@@ -241,6 +241,8 @@ class BoaStrategy(HorovodStrategy):
                 self.schedule = self.sampler.schedule = schedule
             self.sampler.next_step = int(state["steps_done"])
             self.sampler.placeholders = int(saved["placeholders"])
+        else:  # 0, or the step of a checkpoint whose algorithm state is not used (see load_checkpoint)
+            self.sampler.next_step = self.steps_done
         skip = self.resume_skip_batches(len(self.sampler))
         self.sampler.skip = skip if skip < len(self.sampler) else 0
 

@@ -494,7 +494,16 @@ class HorovodStrategy(ParallelStrategy):
                            f"the algorithm's state starts afresh")
             self._resized_position = self._resume.get("position")  # the same world: the same batch goes on
             self._resume = None
+        if self._resume is None:
+            self.start_algorithm_at(int(checkpoint.get("global_step", 0)))
         return checkpoint
+
+    def start_algorithm_at(self, step: int) -> None:
+        """A resume whose algorithm state is not used (written by another number of workers or another
+        algorithm, or without it): the algorithm starts afresh, but at the checkpoint's step, so its step
+        numbers (events, windows, the profiler's records, boa's sampler) go on from there as they do in a
+        full resume. Subclasses set their own counters (call super)."""
+        self.steps_done = step
 
     def _resumed_state(self) -> Optional[Dict[str, Any]]:
         """This rank's saved state while a resume is pending (decoded once)."""

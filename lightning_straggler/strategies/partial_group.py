@@ -433,6 +433,13 @@ class PartialGroupStrategy(HorovodStrategy):
         return state
 
     @override
+    def start_algorithm_at(self, step: int) -> None:
+        # the boundary rules read position + 1 as the global step (the run's end, step-based checkpoints);
+        # every rank restarts from the same checkpoint: lined up through the step before
+        super().start_algorithm_at(step)
+        self.position, self._synced_through = step, step - 1
+
+    @override
     def load_strategy_state(self, state: dict) -> None:
         super().load_strategy_state(state)
         saved = state["partial_group"]
