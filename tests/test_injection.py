@@ -121,3 +121,34 @@ def test_the_simulator_lays_a_trace_onto_its_factor_matrix_exactly():
     assert (bulk > 1).any()
     assert bulk.tolist() == [[TraceSchedule(1, 1.3, 30, 10, 200, 1.5, 6.0).factor(r, s) for s in range(700)]
                              for r in range(6)]
+
+
+def test_the_injector_stretches_the_batch_s_compute_not_the_strategy_s_wait_at_its_start(monkeypatch):
+    """Lightning calls the strategy's batch-start hook after the callbacks': a dpar/awar boundary there (a
+    join, a hold for the group) is waiting. It used to count as the rank's compute, stretched (f - 1) x."""
+    import types
+
+    import torch
+
+    from lightning_straggler.callbacks import injector as injector_module
+    from lightning_straggler.callbacks import StragglerInjector
+
+    now, slept = [100.0], []
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    monkeypatch.setattr(injector_module, "time", clock)
+    strategy = types.SimpleNamespace(skip_this_batch=lambda: False, steps_done=0, batch_compute_started=0.0)
+    trainer = types.SimpleNamespace(strategy=strategy, global_rank=1, global_step=0)
+    injector = StragglerInjector(StaticSchedule([1.0, 4.0]), device_ms_per_sample=1.0)
+    injector.on_train_batch_start(trainer, None, (torch.zeros(8, 3), torch.zeros(8)), 0)
+    now[0] += 0.5  # the strategy's boundary wait
+    strategy.batch_compute_started = now[0]
+    now[0] += 0.02  # forward + backward
+    injector.on_after_backward(trainer, None)
+    assert slept == [pytest.approx(3 * 0.02 + 4 * 1.0 * 8 / 1000)]  # (4 - 1) x 20 ms + 4 x 8 ms of device time
+    assert injector.longest_s == pytest.approx(0.02 + slept[0])
+    # without a strategy that says when its work ended (Lightning's ddp), the batch's start it is
+    del strategy.batch_compute_started
+    injector.on_train_batch_start(trainer, None, (torch.zeros(8, 3), torch.zeros(8)), 1)
+    now[0] += 0.02
+    injector.on_after_backward(trainer, None)
+    assert slept[1] == pytest.approx(3 * 0.02 + 4 * 1.0 * 8 / 1000)

@@ -25,6 +25,7 @@ class StragglerInjector(Callback):
         self.device_ms_per_sample = float(device_ms_per_sample)
         self.slowdown_s = 0.0  # sleep added by slowdown factors on this rank
         self.device_s = 0.0  # emulated device time on this rank
+        self.longest_s = 0.0  # this rank's longest batch, from its compute's start to the end of its sleep
         self._t0 = 0.0
         self._samples = 0
         self._step = 0
@@ -59,17 +60,22 @@ class StragglerInjector(Callback):
             return  # a batch the strategy passed over without computing takes no device time
         rank, step = self._rank_step(trainer)
         factor = self.schedule.factor(rank, step)
-        measured = time.perf_counter() - self._t0
+        # Lightning calls the strategy's batch-start hook after the callbacks': dpar/awar boundaries (joins,
+        # exchanges, a hold for the group) run there and are waiting, not this rank's compute to stretch
+        started = max(self._t0, getattr(trainer.strategy, "batch_compute_started", 0.0))
+        measured = time.perf_counter() - started
         delay = added_delay_s(factor, measured, self.device_ms_per_sample, self._samples)
         if delay > 0:
             time.sleep(delay)
             device = factor * self.device_ms_per_sample * self._samples / 1000.0
             self.device_s += device
             self.slowdown_s += delay - device
+        self.longest_s = max(self.longest_s, time.perf_counter() - started)
 
     def on_train_end(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
-        mine = torch.tensor([[float(trainer.global_rank), self.slowdown_s, self.device_s]], dtype=torch.float64)
+        mine = torch.tensor([[float(trainer.global_rank), self.slowdown_s, self.device_s, self.longest_s]],
+                            dtype=torch.float64)
         comm = getattr(strategy, "comm", None)
         every = comm.allgather(mine, tag="injector") if comm is not None and comm.initialized else mine
         if trainer.global_rank != 0:
@@ -85,5 +91,6 @@ class StragglerInjector(Callback):
             "device_ms_per_sample": self.device_ms_per_sample,
             "device_time": (f"sleep of factor x device_ms_per_sample per sample, {where}"
                             if self.device_ms_per_sample > 0 else "none: real CPU compute only"),
-            "per_rank_seconds": {str(int(r)): {"slowdown_s": s, "device_s": d} for r, s, d in every.tolist()},
+            "per_rank_seconds": {str(int(r)): {"slowdown_s": s, "device_s": d, "longest_batch_s": longest}
+                                 for r, s, d, longest in every.tolist()},
         }

@@ -151,6 +151,9 @@ class HorovodStrategy(ParallelStrategy):
         # Filled on rank 0 by the strategy and the callbacks; handed back to the launching process.
         self.run_report: Dict[str, Any] = {}
         self.steps_done = 0  # optimizer steps this rank has taken
+        # perf_counter() when this batch's own work began, after the strategy's work at its start (the
+        # straggler injector stretches only what comes after)
+        self.batch_compute_started = 0.0
         self._metrics_walk_due = False  # walk the module's torchmetrics again after the next step
 
     # --- topology ---------------------------------------------------------------------------------
@@ -256,6 +259,8 @@ class HorovodStrategy(ParallelStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.recorder.begin_batch(batch_size_of(batch))
         super().on_train_batch_start(batch, batch_idx)
+        # (subclasses call this last: a boundary's collectives at the batch start come before it)
+        self.batch_compute_started = time.perf_counter()
 
     def profile_clock(self) -> int:
         """A step count that every rank agrees on at profile gathers (see :meth:`profile_gather_due`)."""
