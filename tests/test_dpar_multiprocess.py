@@ -49,9 +49,11 @@ def test_an_outside_rank_holds_for_the_boundary_instead_of_being_waited_for():
     The window is 1.25-1.9 of rank 3's steps: a hold needs the predicted boundary well after the end of its
     last local step (at 16 steps a window the boundary could fall right at the end of its third step: no
     hold at all). At 4x, 64 ms, a loaded machine once slowed the group's steps enough for two windows that
-    rank 3 was re-admitted (ratio <= readmit_ratio=1.2); at 8x that takes group steps of over 107 ms."""
+    rank 3 was re-admitted (ratio <= readmit_ratio=1.2); at 8x that takes group steps of over 107 ms.
+    slow_ratio 3: with rank 3 out, a group of three excludes one of its own at 1.5x the median, which ~10 ms
+    more real compute per step on a loaded machine can reach (rank 3, 8x, is out at either ratio)."""
     injector = StragglerInjector(StaticSchedule([1.0, 1.0, 1.0, 8.0]), device_ms_per_sample=2.0)
-    strategy = DparStrategy(window_steps=10, react_steps=0, strikeout_ratio=1000.0)
+    strategy = DparStrategy(window_steps=10, react_steps=0, slow_ratio=3.0, strikeout_ratio=1000.0)
     trainer = fit(make_model(), strategy, 4, 8, 64, callbacks=[injector, RankSpread()])
     assert transitions(strategy) == [(3, "active", "slow")]  # out at the first boundary, for the whole run
     assert strategy.run_report["outside_rank_holds"] >= 1, strategy.run_report

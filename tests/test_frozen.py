@@ -93,8 +93,12 @@ def test_main_thread_cpu_moves_only_while_it_runs():
     from lightning_straggler.watchdog import main_thread_cpu
 
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # the idle child says when its start-up (which uses CPU: on a loaded machine for longer than any fixed
+    # pause) is over
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
     try:
+        assert idle.stdout.readline().strip() == "ready"
         time.sleep(0.5)
         a = (main_thread_cpu(spin.pid), main_thread_cpu(idle.pid))
         time.sleep(1.5)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 CYCLE_MS = 300.0
 LATE_S = 0.4  # rank 1 enqueues this long after rank 0
 ROUNDS = 5
@@ -44,6 +46,7 @@ def _late_peer(rank: int, size: int, port: int, results) -> None:
         hvd.shutdown()
 
 
+@pytest.mark.exclusive  # bounds a wake-up latency (60 ms): not beside another file's workers
 def test_a_collective_completes_when_the_last_rank_enqueues_and_the_early_rank_sleeps_meanwhile():
     from benchmarks.local_workers import run_workers
 
