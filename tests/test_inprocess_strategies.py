@@ -557,3 +557,47 @@ def test_adaptive_random_straggler_schedules_finish_exact_with_every_rank_decidi
     for o in out:
         for got, ref in zip(o["params"], want):
             assert torch.allclose(got, ref, atol=1e-5)
+
+
+class _SaveThenSaveAgain(pl.Callback):
+    """After step 2: two saves in a row (as ModelCheckpoint's checkpoint + last.ckpt), then rank 1 alone
+    records an event and a third save follows at the same step."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step != 2:
+            return
+        trainer.save_checkpoint(f"{self.directory}/a.ckpt")
+        trainer.save_checkpoint(f"{self.directory}/b.ckpt")
+        if trainer.global_rank == 1:
+            trainer.strategy.record_event("probe", note="rank 1's state changed between saves")
+        trainer.save_checkpoint(f"{self.directory}/c.ckpt")
+
+
+def test_a_save_right_after_another_reuses_the_gathered_state_unless_a_rank_s_state_changed(tmp_path):
+    """Every rank's state (dssync: its model and momentum) is all-gathered to rank 0 for a checkpoint; a
+    second save with no rank's state changed reuses it (one value all-reduced to agree on that); a change
+    on one rank alone makes every rank gather again."""
+    def rank_main(comm):
+        strategy = DSSyncStrategy(comm=comm, group_size=2)
+        trainer = pl.Trainer(strategy=strategy, devices=4, accelerator="cpu", max_steps=4, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             limit_val_batches=0, callbacks=[_SaveThenSaveAgain(tmp_path)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(lambda r, s: 0.0), DataLoader(TensorDataset(X, Y, INDEX), batch_size=BATCH))
+        return trainer.global_step
+
+    world = FakeWorld(4, timeout_s=120)
+    assert world.run(rank_main) == [4] * 4
+    for rank in range(4):
+        names = [name for r, name in world.log if r == rank and name.startswith("resume_state")]
+        assert [n.split(".")[0] for n in names] == [
+            "resume_state_changed", "resume_state_size", "resume_state",  # a.ckpt: gathered
+            "resume_state_changed",  # b.ckpt: reused
+            "resume_state_changed", "resume_state_size", "resume_state"], names  # c.ckpt: rank 1 changed
+    saved = {name: torch.load(tmp_path / f"{name}.ckpt", weights_only=True)["lightning_straggler"] for name in "abc"}
+    assert all(torch.equal(x, y) for x, y in zip(saved["a"]["ranks"], saved["b"]["ranks"]))
+    assert [torch.equal(x, y) for x, y in zip(saved["a"]["ranks"], saved["c"]["ranks"])] == [True, False, True, True]

@@ -154,6 +154,7 @@ class HorovodStrategy(ParallelStrategy):
         # perf_counter() when this batch's own work began, after the strategy's work at its start (the
         # straggler injector stretches only what comes after)
         self.batch_compute_started = 0.0
+        self._last_saved_state: Optional[Tuple[Tensor, Tensor, Optional[Tensor]]] = None
         self._metrics_walk_due = False  # walk the module's torchmetrics again after the next step
 
     # --- topology ---------------------------------------------------------------------------------
@@ -257,6 +258,7 @@ class HorovodStrategy(ParallelStrategy):
     # --- the step ---------------------------------------------------------------------------------
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._last_saved_state = None  # (see _gather_strategy_state)
         self.recorder.begin_batch(batch_size_of(batch))
         super().on_train_batch_start(batch, batch_idx)
         # (subclasses call this last: a boundary's collectives at the batch start come before it)
@@ -464,8 +466,18 @@ class HorovodStrategy(ParallelStrategy):
         buffer = io.BytesIO()
         torch.save(self.strategy_state(), buffer)
         blob = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        sizes = self.comm.allgather(torch.tensor([blob.numel()], dtype=torch.int64), tag="resume_state_size")
-        blobs = self.comm.allgather(blob, tag="resume_state")
+        # Lightning often saves twice in a row (a checkpoint, then last.ckpt): when no rank's state changed
+        # since the last save (one value all-reduced), rank 0 reuses what it gathered then. dssync's and
+        # awar's states hold every rank's model: gathering them again over slow links took seconds.
+        last = self._last_saved_state
+        changed = float(last is None or not torch.equal(last[0], blob))
+        if self.comm.allreduce(torch.tensor([changed]), op="max", tag="resume_state_changed").item() == 0:
+            sizes, blobs = last[1], last[2]
+        else:
+            sizes = self.comm.allgather(torch.tensor([blob.numel()], dtype=torch.int64), tag="resume_state_size")
+            blobs = self.comm.allgather(blob, tag="resume_state")
+        # kept until the next batch starts (rank 0: every rank's state; the others: their own)
+        self._last_saved_state = (blob, sizes, blobs if self.global_rank == 0 else None)
         if self.global_rank != 0:
             return None
         trainer = self.lightning_module.trainer
