@@ -422,12 +422,13 @@ class HorovodLauncher(ResultsThroughFile, _MultiProcessingLauncher):
 
     def _still_running(self, pending, exits: Dict[int, int], seen: Dict[int, float]) -> Dict[int, str]:
         """The ranks about to be stopped while still running, described: their reports are not dropped."""
-        failures = [seen[i] for i, code in exits.items() if code != 0 and i in seen]
-        since = f" {time.time() - min(failures):.1f} s after the first failure" if failures else ""
+        now = time.time()
+        failures = [seen[i] for i, code in exits.items() if code != 0]
+        since = f" {now - min(failures):.1f} s after the first failure" if failures else ""
         running = {}
         for i in sorted(pending.values()):
             noted = self._board.failed_at(i) if self._board is not None else 0.0
-            own = f" (it had caught an exception of its own {time.time() - noted:.1f} s before)" if noted else ""
+            own = f" (it had caught an exception of its own {now - noted:.1f} s before)" if noted else ""
             running[i] = f"was still running{since}{own}; stopped by the launcher"
         return running
 
