@@ -238,6 +238,26 @@ def interface_towards(addr: str) -> str:
                           f"set HOROVOD_GLOO_IFACE")
 
 
+def interface_address(iface: str) -> str:
+    """The IPv4 address of network interface ``iface`` (e.g. ``lo``: 127.0.0.1)."""
+    import psutil
+
+    for a in psutil.net_if_addrs().get(iface, []):
+        if a.family == socket.AF_INET:
+            return a.address
+    raise ClusterEnvError(f"network interface {iface!r} has no IPv4 address (HOROVOD_GLOO_IFACE)")
+
+
+def gloo_interface(env: Mapping[str, str] = os.environ) -> str:
+    """The interface Horovod's Gloo uses: ``HOROVOD_GLOO_IFACE`` (set by horovodrun, this project's
+    launcher and the SLURM attach path), else the one towards the rendezvous address, else ``lo``."""
+    if env.get("HOROVOD_GLOO_IFACE"):
+        return env["HOROVOD_GLOO_IFACE"]
+    if env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return interface_towards(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+    return "lo"
+
+
 def wait_for(addr: str, port: int, timeout_s: float) -> None:
     """Until a TCP connect to (addr, port) succeeds, at most ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

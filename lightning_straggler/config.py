@@ -54,7 +54,7 @@ class RingConfig:
 
 
 DSSYNC_SYNC_MODES = ("params", "grads")
-DSSYNC_EXCHANGES = ("sets", "aligned", "alltoall")
+DSSYNC_EXCHANGES = ("sets", "aligned", "alltoall", "direct")
 
 
 @dataclass

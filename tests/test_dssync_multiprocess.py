@@ -13,7 +13,7 @@ from tests.test_ring_multiprocess import fit, make_model
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("exchange", ["sets", "aligned", "alltoall"])
+@pytest.mark.parametrize("exchange", ["sets", "aligned", "alltoall", "direct"])
 def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_makes_consensus(exchange):
     world = 4
     schedule = DSSyncSchedule(world, 2, "butterfly")
@@ -41,6 +41,31 @@ def test_groups_average_inside_and_leave_other_groups_alone_then_global_average_
 
 
 # One group of everyone equals ring: in one process, tests/test_inprocess_strategies.py.
+
+
+def test_direct_exchange_trains_the_models_process_sets_do():
+    """exchange="direct" (torch.distributed Gloo groups) averages what the process sets average: the same
+    parameters on every rank after every step (pairs: a sum of two and a halving, exact either way)."""
+    steps = range(5)
+    params = {}
+    for exchange in ("sets", "direct"):
+        strategy = DSSyncStrategy(group_size=2, schedule="random", seed=1, sync="grads", global_every_steps=0,
+                                  global_at_epoch_end=False, exchange=exchange)
+        trainer = fit(make_model(), strategy, 4, 8, len(steps), callbacks=[Snapshots(steps)])
+        params[exchange] = [trainer.callback_metrics[f"params_after_step{k}"] for k in steps]
+    for k, (a, b) in enumerate(zip(params["sets"], params["direct"])):
+        assert (a - b).abs().max().item() < 1e-6, f"step {k}"
+        assert (a[0] - a[1:]).abs().max().item() > 1e-4  # not trivially equal: the ranks' models differ
+
+
+def test_direct_exchange_finishes_random_straggler_schedules_at_8_ranks():
+    for seed in (2, 3):
+        injector = StragglerInjector(RandomSchedule(seed, 0.5, 2.0, 20.0, 1, 6, 3))
+        strategy = DSSyncStrategy(group_size=2, schedule="random", seed=seed, global_every_steps=4,
+                                  exchange="direct")
+        trainer = fit(make_model(seed), strategy, 8, 8, 10, callbacks=[injector, RankSpread()])
+        assert trainer.state.finished
+        assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 
 
 def test_random_straggler_schedules_always_finish():

@@ -29,9 +29,12 @@ def model():
     return NanOnRank(nan_rank=2, nan_step=3)
 
 
-@pytest.mark.parametrize("strategy", [RingStrategy(), DSSyncStrategy(group_size=2)], ids=["ring", "dssync-local"])
+@pytest.mark.parametrize("strategy", [RingStrategy(), DSSyncStrategy(group_size=2),
+                                      DSSyncStrategy(group_size=2, sync="grads", exchange="direct")],
+                         ids=["ring", "dssync-local", "dssync-grads-direct"])
 def test_error_names_the_rank(strategy):
-    # ring: every rank sees the NaN average and they find the culprit together; dssync params: local check
+    # ring: every rank sees the NaN average and they find the culprit together; dssync params: local check;
+    # dssync grads over direct groups: the pair sees the NaN average and sums one flag per rank in its group
     with pytest.raises(Exception) as err:
         fit(model(), strategy, 4, 8, 6)
     message = str(err.value)

@@ -1,5 +1,6 @@
 """``Collectives.allreduce_in_partition_``: every rank averages with its own group of one partition, in one
-world all-to-all (dssync ``exchange="alltoall"``). In one process (comm/fake.py) and over real Horovod."""
+world all-to-all (dssync ``exchange="alltoall"``). In one process (comm/fake.py) and over real Horovod. And
+``allreduce_direct_`` (``exchange="direct"``): the same on torch.distributed Gloo groups beside Horovod."""
 from __future__ import annotations
 
 import random
@@ -133,3 +134,65 @@ def test_over_horovod_every_rank_gets_its_pairs_mean_without_process_sets(size):
                 for t, w in zip(tensors, want):
                     assert torch.allclose(torch.tensor(t, dtype=w.dtype), w, atol=1e-6)
                 assert tensors == got[group[0]][step][0]  # the same bits on both members
+
+
+# --- exchange="direct": torch.distributed Gloo groups beside Horovod -------------------------------------
+
+def _direct_pairs_over_horovod(rank: int, size: int, port: int, steps: int, slow_rank: int, results) -> None:
+    import os
+    import time
+
+    from lightning_straggler.launcher import horovod_worker_env
+
+    os.environ.update(horovod_worker_env(rank, size, port, 120))
+    from lightning_straggler.comm.horovod import HorovodCollectives
+    from lightning_straggler.policies.dssync import DSSyncSchedule
+
+    torch.set_num_threads(1)
+    comm = HorovodCollectives()
+    comm.init(dynamic_groups=False)  # as dssync's direct exchange runs: no process set
+    try:
+        schedule = DSSyncSchedule(size, 2, "random", 4, seed=3)
+        comm.ensure_direct_groups(schedule.all_groups())
+        with pytest.raises(RuntimeError, match="no direct group for ranks"):
+            comm.allreduce_direct_([torch.ones(1)], [r for r in range(size) if r != rank][:3])
+        out = []
+        for step in range(steps):
+            tensors = _tensors(rank, step)
+            if rank == slow_rank and step == steps - 1:
+                time.sleep(2.0)  # its group waits for it; no other group should
+            start = time.time()
+            comm.allreduce_direct_(tensors, schedule.group_of(rank, step), tag="params")
+            out.append(([t.tolist() for t in tensors], start, time.time()))
+        comm.allreduce(torch.zeros(1), tag="done")  # nobody shuts down while others still exchange
+        results.put((rank, out))
+    finally:
+        comm.shutdown()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("size", [4, 8])
+def test_direct_groups_give_every_rank_its_pairs_mean_and_no_other_group_waits_for_a_straggler(size):
+    from benchmarks.local_workers import run_workers
+    from lightning_straggler.policies.dssync import DSSyncSchedule
+
+    steps, slow = 6, 1
+    got = run_workers(_direct_pairs_over_horovod, size, (steps, slow), 180, f"direct exchange N={size}")
+    schedule = DSSyncSchedule(size, 2, "random", 4, seed=3)
+    for step in range(steps):
+        for group in schedule.partition(step):
+            want = [sum(_tensors(r, step)[i] for r in group) / len(group) for i in range(3)]
+            for r in group:
+                tensors = got[r][step][0]
+                for t, w in zip(tensors, want):
+                    assert torch.allclose(torch.tensor(t, dtype=w.dtype), w, atol=1e-6)
+                assert tensors == got[group[0]][step][0]  # the same bits on both members
+    last = steps - 1
+    slow_group = schedule.group_of(slow, last)
+    slow_start = got[slow][last][1]
+    for r in range(size):
+        end = got[r][last][2]
+        if r in slow_group:  # waited for the straggler's 2 s
+            assert end >= slow_start
+        else:  # done before the straggler even began its exchange
+            assert end < slow_start, f"rank {r} (group {schedule.group_of(r, last)}) waited for rank {slow}"

@@ -163,7 +163,7 @@ def test_dssync_alltoall_exchange_holds_everyone_for_a_straggler_and_costs_a_pai
     # groups of one exchange nothing: no world-wide wait either (the strategy runs no all-to-all then)
     alone = simulate("dssync", w, FREE, group_size=1, exchange="alltoall").rank_step_end_s
     assert alone[0, 1:] == pytest.approx([step] * 7)  # step 0: only rank 0 paid for its slow step
-    with pytest.raises(ValueError, match="exchange must be one of sets, aligned, alltoall"):
+    with pytest.raises(ValueError, match="exchange must be one of sets, aligned, alltoall, direct"):
         simulate("dssync", w, FREE, exchange="ring")
 
 

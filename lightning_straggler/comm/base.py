@@ -175,6 +175,20 @@ class Collectives(ABC):
                 offset += t.numel()
         return sorted(nonfinite)
 
+    # --- groups on connections of their own (dssync exchange="direct") -------------------------------
+    def ensure_direct_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        """Create a group with connections of its own for each of ``groups`` that has none yet. A collective
+        over ALL ranks (the same list, at the same point on every rank), as :meth:`ensure_groups`."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct groups: dssync's exchange=direct needs them")
+
+    def allreduce_direct_(self, tensors: Sequence[torch.Tensor], group: Sequence[int], op: str = "mean",
+                          tag: str = "direct") -> None:
+        """In-place mean (or sum) of ``tensors`` over ``group`` (created by :meth:`ensure_direct_groups`) on
+        the group's own connections: only its members take part, and no other group's operation can delay
+        it (over Horovod, process-set operations share one coordination thread per rank; README, "Over
+        shaped links")."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct groups: dssync's exchange=direct needs them")
+
     # --- asynchronous all-reduce: adaptive's step deadline hands a step in from a helper thread --------
     last_collective_end: float = 0.0  # time.monotonic() when this rank's last blocking collective ended
 

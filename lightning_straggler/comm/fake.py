@@ -366,6 +366,14 @@ class FakeCollectives(Collectives):
     def ensure_groups(self, groups):
         self.barrier()  # a collective over every rank, as creating process sets is
 
+    def ensure_direct_groups(self, groups):
+        self.barrier()  # a collective over every rank, as creating torch.distributed groups is
+
+    def allreduce_direct_(self, tensors, group, op="mean", tag="direct"):
+        if op not in ("mean", "avg", "sum"):
+            raise ValueError(f"reduce op {op!r} within a direct group: use mean or sum")
+        self.allreduce_grouped_(tensors, op=op, group=group, tag=f"{tag}.direct")
+
     def shutdown(self):
         self._initialized = False
 

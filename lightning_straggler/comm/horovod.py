@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from typing import Any, Dict, Iterator, Sequence, Tuple
 
@@ -63,6 +64,9 @@ POLL_FIRST_S, POLL_MAX_S = 5e-5, 5e-4  # sleeps between polls: doubling up to 0.
 # waking every 0.5 ms as the polling did keeps 14 ms, and at 4 ranks keeps the sleeping wait's gain:
 # benchmarks.allreduce_latency probes; likely idle CPUs' wake-up latency, not isolated).
 WAIT_SLICE_S = 5e-4
+# dssync exchange="direct": how long a torch.distributed Gloo operation (or its rendezvous) may wait for its
+# peers before it raises (Horovod's own stalls are bounded by the launcher's stall timeout)
+DIRECT_TIMEOUT_S = 600.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,6 +121,8 @@ class HorovodCollectives(Collectives):
     def __init__(self) -> None:
         self._sets: Dict[Tuple[int, ...], Any] = {}
         self._dynamic = False
+        self._direct: Dict[Tuple[int, ...], Any] = {}  # torch.distributed Gloo groups (exchange="direct")
+        self._direct_store = None  # the TCPStore they rendezvoused through: set once torch.distributed is up
 
     # --- lifecycle -------------------------------------------------------------------------------
     def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
@@ -141,6 +147,13 @@ class HorovodCollectives(Collectives):
             return False
 
     def shutdown(self) -> None:
+        if self._direct_store is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._direct.clear()
+            self._direct_store = None
         if self.initialized:
             _hvd().shutdown()
         self._sets.clear()
@@ -169,6 +182,63 @@ class HorovodCollectives(Collectives):
             raise RuntimeError(f"process sets {wanted} were not registered at init and dynamic process sets are off")
         for key in wanted:  # the given order (the same on every rank): Horovod coordinates sets in this order
             self._sets[key] = hvd.add_process_set(list(key))
+
+    def ensure_direct_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        """torch.distributed Gloo groups for ``groups`` (those of two or more ranks), on connections of their
+        own. The first call starts torch.distributed: a TCPStore on rank 0's Gloo interface (the port the
+        OS picks, told to the others through Horovod), then one Gloo connection per pair of ranks that
+        share a group (``GLOO_SOCKET_IFNAME``: Horovod's interface unless set)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=DIRECT_TIMEOUT_S)
+        if self._direct_store is None:
+            from lightning_straggler.cluster_env import gloo_interface, interface_address
+
+            if dist.is_initialized():
+                raise RuntimeError("torch.distributed is already initialised in this process; dssync's "
+                                   "exchange=direct starts its own (use exchange=sets instead)")
+            iface = gloo_interface()
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+            store, where = None, None
+            if self.rank == 0:
+                addr = interface_address(iface)
+                store = dist.TCPStore(addr, 0, self.size, True, timeout=timeout, wait_for_workers=False)
+                where = (addr, int(store.port))
+            where = self.broadcast_object(where, root=0, tag="direct_store")
+            with self._blocking("direct_rendezvous"):
+                if store is None:
+                    store = dist.TCPStore(where[0], where[1], self.size, False, timeout=timeout)
+                dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.size, timeout=timeout)
+            self._direct_store = store
+        for g in groups:  # the given order, the same on every rank: new_group is a collective over all ranks
+            key = normalize_group(g, self.size)
+            if len(key) > 1 and key not in self._direct:
+                with self._blocking(f"direct_group.{'-'.join(map(str, key))}"):
+                    self._direct[key] = dist.new_group(list(key), timeout=timeout, backend="gloo")
+
+    def allreduce_direct_(self, tensors, group, op="mean", tag="direct"):
+        import torch
+        import torch.distributed as dist
+
+        key = normalize_group(group, self.size)
+        if key not in self._direct:
+            raise RuntimeError(f"no direct group for ranks {key}: create it with ensure_direct_groups() on every "
+                               "rank first")
+        if op not in ("mean", "avg", "sum"):
+            raise ValueError(f"reduce op {op!r} within a direct group: use mean or sum")
+        with self._blocking(f"{tag}.{'-'.join(map(str, key))}.direct"):
+            for dtype in sorted({t.dtype for t in tensors}, key=str):  # one operation per dtype (usually one)
+                same = [t for t in tensors if t.dtype == dtype]
+                flat = torch.cat([t.detach().reshape(-1) for t in same])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self._direct[key])
+                if op != "sum":
+                    flat.div_(len(key))
+                offset = 0
+                for t in same:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
 
     def process_set(self, group: Group):
         key = normalize_group(group, self.size)

@@ -16,7 +16,8 @@ rank has finished computing and costs ``group_alltoall_s(|G|, grad_bytes)`` per 
 decides), so a straggler holds up everyone, as in ``ring``. With ``exchange="aligned"`` every rank first
 takes part in a one-value world all-reduce (``allreduce_s(N, 4)``), then the groups average as under
 ``"sets"``, all starting together (no alignment for one group of everyone): a straggler holds up everyone
-too.
+too. ``exchange="direct"`` is modelled as ``"sets"`` (independent groups): what sets it apart in practice,
+Horovod's one coordination thread shared by the sets, is not in the model either.
 Every sample counts (every gradient updates some model). Vectorised per group size.
 """
 from __future__ import annotations

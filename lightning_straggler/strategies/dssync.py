@@ -16,6 +16,11 @@ How a step's groups exchange (``exchange``):
   coordinates the world too: under ``"sets"`` a rank whose group is still transferring holds up the
   others' coordination, so groups that start a cycle apart run one after another (measured over shaped
   links: README, "Over shaped links"). Every step then waits for the slowest rank (as ``ring`` does).
+- ``"direct"``: each group all-reduces on a torch.distributed Gloo group of its own (``comm.allreduce_direct_``;
+  torch.distributed is started beside Horovod for it, its store on rank 0: README, "Clusters"), not through
+  Horovod: no coordination thread shared with the other groups, so the groups of a step run at once and a
+  straggler holds up only its own group. Horovod still does everything else (global averages, checkpoints,
+  metrics).
 - ``"alltoall"``: one world all-to-all per step (``comm.allreduce_in_partition_``) in which each rank sends
   its tensors to the other members of its group only: what an all-reduce within a pair moves, no process
   set. Being a world operation, every step waits for the slowest rank (as ``ring`` does).
@@ -59,6 +64,8 @@ class DSSyncStrategy(HorovodStrategy):
         global_at_epoch_end: average over all workers at every epoch end (always before validation and
             at the end of training, so validation and checkpoints see one consensus model).
         exchange: ``"sets"`` (a Horovod process set per group: a straggler holds up only its group),
+            ``"direct"`` (a torch.distributed Gloo group per group, outside Horovod's coordination: groups run
+            at once and a straggler holds up only its group),
             ``"aligned"`` (the same sets, every group starting in the same Horovod cycle after a one-value
             world all-reduce: every step waits for the slowest rank) or ``"alltoall"`` (one world all-to-all
             per step, each rank sending to its group only: no process sets, every step waits for the slowest
@@ -67,7 +74,7 @@ class DSSyncStrategy(HorovodStrategy):
     """
 
     strategy_name = "dssync"
-    uses_subgroups = True  # exchange="sets" or "aligned"; "alltoall" needs no process set (set per instance)
+    uses_subgroups = True  # Horovod process sets: exchange="sets" or "aligned" only (set per instance)
 
     # defaults: the config schema's (one source for Trainer(strategy=DSSyncStrategy()), Hydra and the simulator)
     def __init__(self, group_size: int = C.group_size, schedule: str = C.schedule,
@@ -88,7 +95,7 @@ class DSSyncStrategy(HorovodStrategy):
         self.group_size, self.schedule_kind, self.num_partitions, self.seed = group_size, schedule, num_partitions, seed
         self.sync, self.global_every_steps, self.global_at_epoch_end = sync, global_every_steps, global_at_epoch_end
         self.exchange = exchange
-        self.uses_subgroups = exchange != "alltoall"
+        self.uses_subgroups = exchange in ("sets", "aligned")
         self.schedule: Optional[DSSyncSchedule] = None
         self._group = (0,)
         self._nonfinite_senders: List[int] = []  # members whose gradients made the last exchange non-finite
@@ -102,6 +109,8 @@ class DSSyncStrategy(HorovodStrategy):
         self.schedule = DSSyncSchedule(self.world_size, size, self.schedule_kind, self.num_partitions, self.seed)
         if self.uses_subgroups:
             self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
+        elif self.exchange == "direct":
+            self.comm.ensure_direct_groups(self.schedule.all_groups())
         if not self.events:
             self.record_event("schedule", schedule=self.schedule.describe(), sync=self.sync,
                               global_every_steps=self.global_every_steps,
@@ -120,6 +129,10 @@ class DSSyncStrategy(HorovodStrategy):
         assert self.schedule is not None
         # aligned / alltoall: a world operation, so every rank takes part when any group of the partition
         # (the same on every rank) exchanges, also a rank alone in its group
+        if self.exchange == "direct":  # only the group's members take part
+            if len(self._group) > 1:
+                self.comm.allreduce_direct_(tensors, self._group, op="mean", tag=tag)
+            return
         partition = self.schedule.partition(self.steps_done)
         anyone_exchanges = max(len(g) for g in partition) > 1
         if self.uses_subgroups:
@@ -142,6 +155,13 @@ class DSSyncStrategy(HorovodStrategy):
 
     @override
     def nonfinite_ranks_in_sync_group(self, mine_bad: bool, members: tuple) -> list:
+        if self.exchange == "direct":  # no process set for the group: its members sum one flag per rank
+            import torch
+
+            flags = torch.zeros(self.world_size, dtype=torch.float64)
+            flags[self.global_rank] = float(mine_bad)
+            self.comm.allreduce_direct_([flags], members, op="sum", tag="nonfinite_flags")
+            return [int(r) for r in torch.nonzero(flags).flatten().tolist()]
         if self.uses_subgroups:
             return super().nonfinite_ranks_in_sync_group(mine_bad, members)
         # the all-to-all handed every member each member's gradients: no collective to find whose were not
