@@ -1,7 +1,8 @@
 """Any algorithm over shaped links: workers on namespaced hosts (benchmarks/network.py), side by side.
 
     .venv/bin/python -m benchmarks.shaped_network [--hosts 2 4] [--workers 4] [--rate-mbit 100]
-        [--algorithms ring dssync] [--seeds 5] [--steps 40] [--hidden 1024 1024] [--out DIR] [--quick]
+        [--algorithms ring dssync] [--seeds 5] [--steps 40] [--hidden 1024 1024] [--rank-states gathered|files]
+        [--out DIR] [--quick]
 
 Every (hosts, seed) block runs each algorithm once, plus ``ring`` a second time (``ring#2``: the machine's
 own noise, the same cell twice), in an order shuffled by (hosts, seed) (recorded). Workers are placed in
@@ -10,7 +11,8 @@ the default 1024 1024 has 1.1 M parameters, 4.3 MB of float32 gradients: at 100 
 across hosts takes ~0.5 s, far more than a step's compute), the emulated device time of ``straggler=none``
 (1 ms per sample: 32 ms of a step's ~42 ms compute), no stragglers (until 2026-12-06 the runs inherited the
 main job's default transient straggler, rank 3 at 4 x from step 40: harmless at 40 steps, not at 60),
-validation only at the end. ``OMP_NUM_THREADS=1`` per worker.
+validation only at the end. ``OMP_NUM_THREADS=1`` per worker. ``--rank-states`` sets ``trainer.rank_states`` for
+every algorithm (where checkpoints keep each rank's own state; only dssync's and awar's differ by rank).
 
 Per run: throughput (train_samples / wall_s, from summary.json), sync time per step (median over ranks of
 comm_s.mean + wait_s.mean), bytes every host sent onto the bridge during the run divided by the steps
@@ -47,6 +49,9 @@ ALGORITHMS = {
     # the same, every step's pairs starting in one Horovod cycle (after a one-value world all-reduce)
     "dssync-aligned": ["algorithm=dssync", "algorithm.group_size=2", "algorithm.schedule=butterfly",
                        "algorithm.sync=params", "algorithm.exchange=aligned"],
+    # the same, each pair on a torch.distributed Gloo group of its own (outside Horovod's coordination thread)
+    "dssync-direct": ["algorithm=dssync", "algorithm.group_size=2", "algorithm.schedule=butterfly",
+                      "algorithm.sync=params", "algorithm.exchange=direct"],
     "awar": ["algorithm=awar"], "dpar": ["algorithm=dpar"], "boa": ["algorithm=boa"],
 }
 DSSYNC_TARGET = 1.5
@@ -80,14 +85,14 @@ def block_order(labels: Sequence[str], hosts: int, seed: int) -> List[str]:
 
 
 def one_run(algo: str, hosts: int, workers: int, shape: LinkShape, seed: int, steps: int, hidden: Sequence[int],
-            run_dir: str) -> Dict[str, Any]:
+            run_dir: str, rank_states: str = "gathered") -> Dict[str, Any]:
     name = algo.split("#")[0]
     out = os.path.join(run_dir, "out")
     # straggler=none: the main job's default is a transient straggler from step 40 (runs of more steps got it)
     argv = [sys.executable, "-m", "lightning_straggler.train", *ALGORITHMS[name], "straggler=none", "trainer=quick",
             f"trainer.devices={workers}", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
             "data=synthetic", f"model.hidden=[{','.join(str(h) for h in hidden)}]", f"seed={seed}",
-            f"output_dir={out}", f"hydra.run.dir={run_dir}/hydra{{rank}}"]
+            f"trainer.rank_states={rank_states}", f"output_dir={out}", f"hydra.run.dir={run_dir}/hydra{{rank}}"]
     started = time.time()
     with NamespacedHosts(hosts, shape) as net:
         launch_workers(net, workers, argv, os.path.join(run_dir, "logs"), timeout_s=900,
@@ -145,7 +150,7 @@ def aggregate(runs: List[Dict[str, Any]], algorithms: Sequence[str], options: Di
                         "bytes_per_step_per_host_median": statistics.median(max(r["bytes_per_step_per_host"])
                                                                             for r in ring),
                         "val_acc_median": statistics.median(r["val_acc"] for r in ring if r["val_acc"] is not None)}
-        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a"):
+        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a", "dssync-direct"):
             if algo in cell:
                 predicted = sim_sync_s(algo, options["workers"], options["hidden"], options["rate_mbit"])
                 error = predicted / cell[algo]["sync_s_per_step_median"] - 1
@@ -191,7 +196,7 @@ def markdown(result: Dict[str, Any]) -> str:
               "measured sync time per step; rule as in sim_validate: |predicted / measured - 1| <= 15%.", "",
               "| hosts | algorithm | predicted s/step | measured s/step | error | within 15% |", "|---|---|---|---|---|---|"]
     for hosts, cell in result["table"].items():
-        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a"):
+        for algo in ("ring", "dssync", "dssync-aligned", "dssync-a2a", "dssync-direct"):
             if "sim_network" in cell.get(algo, {}):
                 c = cell[algo]["sim_network"]
                 lines.append(f"| {hosts} | {algo} | {c['predicted_sync_s_per_step']:.3f} | "
@@ -211,6 +216,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--hidden", type=int, nargs="+", default=[1024, 1024])
+    parser.add_argument("--rank-states", default="gathered", choices=["gathered", "files"],
+                        help="trainer.rank_states for every algorithm: where checkpoints keep each rank's own state")
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="1 seed, 10 steps, hosts 2: a smoke run")
     parser.add_argument("--aggregate-only", metavar="DIR", help="recompute DIR/results.{json,md} from its runs")
@@ -247,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     for i, (hosts, seed, algo) in enumerate(plan):
         run_dir = os.path.join(out, "runs", f"{algo.replace('#', '-')}-h{hosts}-s{seed}")
-        runs.append(one_run(algo, hosts, args.workers, shape, seed, args.steps, args.hidden, run_dir))
+        runs.append(one_run(algo, hosts, args.workers, shape, seed, args.steps, args.hidden, run_dir, args.rank_states))
         done = time.time() - t0
         print(f"[shaped] {i + 1}/{len(plan)} {algo} hosts={hosts} seed={seed}: "
               f"{runs[-1]['throughput']:.0f} samples/s, sync {runs[-1]['sync_s_per_step']:.3f} s/step; "
@@ -255,7 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = {"command": "python -m benchmarks.shaped_network " + " ".join(argv if argv is not None else sys.argv[1:]),
               "options": {"hosts": args.hosts, "workers": args.workers, "rate_mbit": args.rate_mbit,
                           "algorithms": args.algorithms, "seeds": args.seeds, "steps": args.steps,
-                          "hidden": args.hidden},
+                          "hidden": args.hidden, "rank_states": args.rank_states},
               "order": [f"{a} hosts={h} seed={s}" for h, s, a in plan], "cpu_count": os.cpu_count(),
               "runs": runs}
     result["table"] = aggregate(runs, args.algorithms, result["options"])

@@ -364,6 +364,7 @@ def max_local_workers() -> int:
 # Horovod counts stall time in whole seconds; below 2 s a busy but healthy rank can look stalled.
 STALL_TIMEOUT_RANGE = (2.0, 86400.0)
 NONFINITE_POLICIES = ("error", "skip")  # the strategies import these from here (this module needs no torch)
+RANK_STATES = ("gathered", "files")  # where a checkpoint keeps each rank's own state (trainer.rank_states)
 
 
 def check_stall_timeout(stall_timeout_s: float) -> None:
@@ -401,6 +402,7 @@ class TrainerConfig:
     restart_on_failure: int = 0  # restart from last.ckpt without the dead workers, up to N times
     nonfinite: str = "error"  # a non-finite loss or gradient on a rank: error (stop, naming the rank) | skip (the step)
     horovod_cycle_time_ms: Optional[float] = None  # Horovod's coordination cycle for started workers (None: its own)
+    rank_states: str = "gathered"  # each rank's own state in a checkpoint: gathered (into it) | files (beside it)
 
     def validate(self) -> None:
         _check(self.accelerator in ("cpu", "gpu", "cuda"), "trainer.accelerator", "one of cpu, gpu, cuda", self.accelerator)
@@ -431,6 +433,8 @@ class TrainerConfig:
                self.restart_on_failure)
         _check(self.nonfinite in NONFINITE_POLICIES, "trainer.nonfinite", f"one of {', '.join(NONFINITE_POLICIES)}",
                self.nonfinite)
+        _check(self.rank_states in RANK_STATES, "trainer.rank_states", f"one of {', '.join(RANK_STATES)}",
+               self.rank_states)
         _check(self.gradient_clip_val is None or (_finite(self.gradient_clip_val) and self.gradient_clip_val >= 0),
                "trainer.gradient_clip_val", "null (no clipping) or a finite number >= 0", self.gradient_clip_val)
 

@@ -49,6 +49,8 @@ def build_strategy(cfg, job_deadline: Optional[float] = None):
     options = {k: v for k, v in asdict(cfg.algorithm).items() if k != "name"}
     if cfg.trainer.horovod_cycle_time_ms is not None and cfg.algorithm.name != "ddp":  # (ddp has no Horovod)
         options["horovod_cycle_time_ms"] = cfg.trainer.horovod_cycle_time_ms
+    if cfg.algorithm.name != "ddp":
+        options["rank_states"] = cfg.trainer.rank_states
     strategy = cls(stall_timeout_s=cfg.trainer.stall_timeout_s, nonfinite=cfg.trainer.nonfinite, **options)
     # read by the launcher: the limit, and when it runs out (time.monotonic(); restarts included)
     strategy.job_timeout_s = cfg.trainer.job_timeout_s

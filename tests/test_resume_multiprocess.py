@@ -163,6 +163,48 @@ def test_resume_gives_identical_parameters(name, tmp_path):
             assert len(steps) == 5 and sorted(state["adaptive_wait_s"]) == sorted(steps), state
 
 
+def test_dssync_resume_from_rank_state_files_gives_identical_parameters(tmp_path):
+    """rank_states="files": each rank writes its own state beside the checkpoint (no gather); the resume reads
+    them back and ends on the straight run's parameters; a missing rank file is an error naming it."""
+    def make():
+        return DSSyncStrategy(group_size=2, schedule="random", seed=3, global_every_steps=7, rank_states="files")
+    k = 15
+    straight, _ = run(make(), 2 * k)
+    ckpt = tmp_path / "k.ckpt"
+    run(make(), k, [SaveAt(k, ckpt)])
+    saved = torch.load(ckpt, weights_only=True)["lightning_straggler"]
+    assert saved["rank_files"] == [f"k.ckpt.rank{r}" for r in range(4)] and "ranks" not in saved
+    for r in range(4):  # each holds its rank's own model (dssync's ranks differ between global averages)
+        state = torch.load(tmp_path / f"k.ckpt.rank{r}", weights_only=False)
+        assert state["steps_done"] == k and "model" in state
+    resumed, trainer = run(make(), 2 * k, [RankSpread()], ckpt_path=ckpt)
+    assert torch.equal(flat_params(straight), flat_params(resumed)), (flat_params(straight) - flat_params(resumed)).abs().max()
+    assert (flat_params(straight) - flat_params(make_model())).abs().max() > 1e-3  # it trained
+    assert trainer.callback_metrics["rank_param_spread"].item() == 0
+    (tmp_path / "k.ckpt.rank2").unlink()
+    with pytest.raises(Exception, match=r"rank 2's state for checkpoint .*k\.ckpt\.rank2"):
+        run(make(), 2 * k, ckpt_path=ckpt)
+
+
+def test_model_checkpoint_removes_the_rank_files_of_the_checkpoints_it_removes(tmp_path):
+    """Lightning's ModelCheckpoint keeping one checkpoint (save_top_k=1, every 5 steps, and last.ckpt):
+    every rank removes its own file of each checkpoint removed, so only the kept ones' files remain."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    model = make_model()
+    loader = DataLoader(small_set(), batch_size=BATCH, shuffle=True)
+    trainer = pl.Trainer(accelerator="cpu", devices=4, max_steps=20, limit_val_batches=0, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         strategy=DSSyncStrategy(group_size=2, rank_states="files"),
+                         callbacks=[ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=1,
+                                                    save_last=True)])
+    trainer.fit(model, train_dataloaders=loader)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    kept = sorted(n for n in names if n.endswith(".ckpt"))
+    assert len(kept) == 2 and "last.ckpt" in kept, names  # the last step-5 multiple and last.ckpt
+    assert names == sorted(kept + [f"{c}.rank{r}" for c in kept for r in range(4)]), names
+
+
 SCHEDULE = TransientSchedule([SlowdownEvent(3, 3.0, 5, 20), SlowdownEvent(1, 3.0, 25, 35)])
 TIMING = {"discarded_local_steps", "updates", "samples", "weights"}  # a straggler's local step counts
 

@@ -28,12 +28,18 @@ from typing_extensions import override
 
 from lightning_straggler import cluster_env
 from lightning_straggler.comm import Collectives, HorovodCollectives
-from lightning_straggler.config import NONFINITE_POLICIES, TrainerConfig, check_cycle_time, check_stall_timeout
+from lightning_straggler.config import (NONFINITE_POLICIES, RANK_STATES, TrainerConfig, check_cycle_time,
+                                        check_stall_timeout)
 from lightning_straggler.launcher import HorovodLauncher, attached_to_horovod
 from lightning_straggler.profiling import StepRecorder, batch_size_of  # noqa: F401  (batch_size_of: re-exported)
 
 # Key of this project's part of a Lightning checkpoint.
 CHECKPOINT_KEY = "lightning_straggler"
+
+
+def rank_state_path(checkpoint_path: Any, rank: int) -> str:
+    """Where rank ``rank`` writes its own state beside a checkpoint (``rank_states="files"``)."""
+    return f"{checkpoint_path}.rank{rank}"
 
 
 class NonFiniteError(RuntimeError):
@@ -111,7 +117,12 @@ class HorovodStrategy(ParallelStrategy):
         horovod_cycle_time_ms: how often Horovod's background thread coordinates with the other ranks, in
             milliseconds, for the workers this strategy starts (``HOROVOD_CYCLE_TIME``); ``None`` (default)
             leaves Horovod's own (1 ms) or the environment's. Longer cycles cost idle ranks less CPU and add up
-            to a cycle of latency to each collective (``trainer.horovod_cycle_time_ms``; in [0.1, 1000])."""
+            to a cycle of latency to each collective (``trainer.horovod_cycle_time_ms``; in [0.1, 1000]).
+        rank_states: where a checkpoint keeps each rank's own state (its model and optimizer state while they
+            differ between ranks: dssync, awar): ``"gathered"`` (default: all-gathered and written into the
+            checkpoint by rank 0, one self-contained file) or ``"files"`` (each rank writes
+            ``<checkpoint>.rank<r>`` beside it itself, no network; resuming needs those files: a shared file
+            system, or copy them along). ``trainer.rank_states``."""
 
     strategy_name = "horovod"
     # Whether the algorithm creates process sets for subgroups while running.
@@ -131,6 +142,7 @@ class HorovodStrategy(ParallelStrategy):
         comm: Optional[Collectives] = None,
         nonfinite: str = TrainerConfig.nonfinite,
         horovod_cycle_time_ms: Optional[float] = TrainerConfig.horovod_cycle_time_ms,
+        rank_states: str = TrainerConfig.rank_states,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
@@ -141,6 +153,10 @@ class HorovodStrategy(ParallelStrategy):
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)} (got {nonfinite!r})")
         self.nonfinite = nonfinite
+        if rank_states not in RANK_STATES:
+            raise ValueError(f"rank_states must be one of {', '.join(RANK_STATES)} (got {rank_states!r})")
+        self.rank_states = rank_states
+        self._resume_path: Optional[str] = None  # the checkpoint being resumed (its rank files lie beside it)
         self.nonfinite_skips = 0  # steps skipped for non-finite gradients (nonfinite="skip")
         self._resume: Optional[Dict[str, Any]] = None  # this project's part of the checkpoint being resumed
         # where in its epoch a checkpoint written by another number of workers stopped (see resume_skip_batches)
@@ -480,25 +496,59 @@ class HorovodStrategy(ParallelStrategy):
         self._last_saved_state = (blob, sizes, blobs if self.global_rank == 0 else None)
         if self.global_rank != 0:
             return None
+        return {**self._checkpoint_header(), "ranks": [b.clone() for b in torch.split(blobs, sizes.tolist())]}
+
+    def _checkpoint_header(self) -> Dict[str, Any]:
         trainer = self.lightning_module.trainer
         per_epoch = trainer.num_training_batches
         position = {"epoch": trainer.current_epoch,
                     "batches": trainer.fit_loop.epoch_loop.batch_progress.current.processed,
                     "per_epoch": int(per_epoch) if per_epoch != float("inf") else None}
-        return {"world_size": self.world_size, "algorithm": self.strategy_name, "position": position,
-                "ranks": [b.clone() for b in torch.split(blobs, sizes.tolist())]}
+        return {"world_size": self.world_size, "algorithm": self.strategy_name, "position": position}
+
+    def _write_rank_state_file(self, filepath: Any) -> Optional[Dict[str, Any]]:
+        """``rank_states="files"``: this rank's :meth:`strategy_state` into ``<checkpoint>.rank<r>``, written by
+        the rank itself (no network), then one all-reduce that every rank reaches, so rank 0 writes the
+        checkpoint naming the files only once all of them are written."""
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        path = rank_state_path(filepath, self.global_rank)
+        fs = get_filesystem(path)
+        fs.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with fs.open(path, "wb") as f:
+            torch.save(self.strategy_state(), f)
+        self.comm.allreduce(torch.ones(1), op="sum", tag="rank_state_files_written")
+        if self.global_rank != 0:
+            return None
+        return {**self._checkpoint_header(),
+                "rank_files": [os.path.basename(rank_state_path(filepath, r)) for r in range(self.world_size)]}
 
     @override
     def save_checkpoint(self, checkpoint: Dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         if self.comm.initialized and self.lightning_module is not None and self.lightning_module._trainer is not None:
-            state = self._gather_strategy_state()
+            if self.rank_states == "files":
+                state = self._write_rank_state_file(filepath)
+            else:
+                state = self._gather_strategy_state()
             if state is not None:
                 checkpoint[CHECKPOINT_KEY] = state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)  # rank 0: the checkpoint
+        # Lightning's ModelCheckpoint removes on every rank: each rank its own file (rank_states="files")
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        path = rank_state_path(filepath, self.global_rank)
+        fs = get_filesystem(path)
+        if fs.exists(path):
+            fs.rm(path)
+
+    @override
     def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        self._resume_path = str(checkpoint_path)
         self._resume = checkpoint.get(CHECKPOINT_KEY)
         if self._resume is not None and self._resume.get("world_size") != self.world_size:
             rank_zero_info(f"[{self.strategy_name}] checkpoint was written by {self._resume.get('world_size')} workers, "
@@ -527,9 +577,25 @@ class HorovodStrategy(ParallelStrategy):
         if self._resume is None:
             return None
         if "mine" not in self._resume:
-            blob = self._resume["ranks"][self.global_rank]
-            self._resume["mine"] = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+            if "rank_files" in self._resume:  # written with rank_states="files": this rank's lies beside it
+                self._resume["mine"] = self._read_rank_state_file(self._resume["rank_files"][self.global_rank])
+            else:
+                blob = self._resume["ranks"][self.global_rank]
+                self._resume["mine"] = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
         return self._resume["mine"]
+
+    def _read_rank_state_file(self, name: str) -> Dict[str, Any]:
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        path = os.path.join(os.path.dirname(self._resume_path or ""), name)
+        fs = get_filesystem(path)
+        if not fs.exists(path):
+            raise FileNotFoundError(
+                f"rank {self.global_rank}'s state for checkpoint {self._resume_path} is missing: {path}. The "
+                f"checkpoint was saved with trainer.rank_states=files (each rank wrote <checkpoint>.rank<r> beside "
+                f"it); resume where every rank sees those files (a shared file system), or copy them along")
+        with fs.open(path, "rb") as f:
+            return torch.load(f, weights_only=False)
 
     def resume_skip_batches(self, batches_per_epoch: int) -> int:
         """Batches of the resumed epoch the interrupted run had already trained on (0 when not resuming),
