@@ -92,3 +92,26 @@ def test_run_records_schedule_and_global_averages(tmp_path, compose):
     assert kinds[0] == "schedule" and summary["events"][0]["schedule"]["num_groups"] == 4
     assert kinds.count("global_average") >= 2  # before each validation, and at the end
     assert summary["train_samples"] == 4 * 20 * 32
+
+
+def test_a_run_from_the_config_with_direct_groups_and_rank_state_files(tmp_path, compose):
+    """The whole job path (validation, torchmetrics, ModelCheckpoint, summary) with exchange=direct and
+    trainer.rank_states=files: last.ckpt names the four rank files beside it, which carry its token.
+    (Resuming from such files: tests/test_resume_multiprocess.py.)"""
+    import torch
+
+    from lightning_straggler.train import train
+
+    out = tmp_path / "run"
+    train(compose("algorithm=dssync", "algorithm.exchange=direct", "trainer=quick", "trainer.devices=4",
+                  "trainer.rank_states=files", "straggler=none", "data=synthetic", "trainer.max_steps=20",
+                  "trainer.val_check_interval=10", "profiler.plot=false", f"output_dir={out}"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "dssync" and summary["val_acc"] is not None
+    assert summary["config"]["algorithm"]["exchange"] == "direct" and summary["train_samples"] == 4 * 20 * 32
+    ckpts = out / "checkpoints"
+    part = torch.load(ckpts / "last.ckpt", weights_only=True)["lightning_straggler"]
+    assert part["rank_files"] == [f"last.ckpt.rank{r}" for r in range(4)] and "ranks" not in part
+    for r in range(4):
+        content = torch.load(ckpts / f"last.ckpt.rank{r}", weights_only=False)
+        assert content["save_token"] == part["save_token"] and content["state"]["steps_done"] == 20

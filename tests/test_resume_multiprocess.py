@@ -9,6 +9,7 @@ local steps (how many it finished before the group's signal is timing: ``discard
 ``updates``/``samples``/``weights``).
 """
 import io
+import os
 
 import lightning.pytorch as pl
 import numpy as np
@@ -165,7 +166,8 @@ def test_resume_gives_identical_parameters(name, tmp_path):
 
 def test_dssync_resume_from_rank_state_files_gives_identical_parameters(tmp_path):
     """rank_states="files": each rank writes its own state beside the checkpoint (no gather); the resume reads
-    them back and ends on the straight run's parameters; a missing rank file is an error naming it."""
+    them back and ends on the straight run's parameters; a rank file of another save, or none, is an error
+    naming it."""
     def make():
         return DSSyncStrategy(group_size=2, schedule="random", seed=3, global_every_steps=7, rank_states="files")
     k = 15
@@ -175,12 +177,18 @@ def test_dssync_resume_from_rank_state_files_gives_identical_parameters(tmp_path
     saved = torch.load(ckpt, weights_only=True)["lightning_straggler"]
     assert saved["rank_files"] == [f"k.ckpt.rank{r}" for r in range(4)] and "ranks" not in saved
     for r in range(4):  # each holds its rank's own model (dssync's ranks differ between global averages)
-        state = torch.load(tmp_path / f"k.ckpt.rank{r}", weights_only=False)
-        assert state["steps_done"] == k and "model" in state
+        content = torch.load(tmp_path / f"k.ckpt.rank{r}", weights_only=False)
+        assert content["save_token"] == saved["save_token"]
+        assert content["state"]["steps_done"] == k and "model" in content["state"]
     resumed, trainer = run(make(), 2 * k, [RankSpread()], ckpt_path=ckpt)
     assert torch.equal(flat_params(straight), flat_params(resumed)), (flat_params(straight) - flat_params(resumed)).abs().max()
     assert (flat_params(straight) - flat_params(make_model())).abs().max() > 1e-3  # it trained
     assert trainer.callback_metrics["rank_param_spread"].item() == 0
+    # rank 2's file from another save under the checkpoint's name: refused, not mixed in
+    run(make(), 5, [SaveAt(5, tmp_path / "other.ckpt")])
+    os.replace(tmp_path / "other.ckpt.rank2", tmp_path / "k.ckpt.rank2")
+    with pytest.raises(Exception, match=r"k\.ckpt\.rank2 belongs to another save"):
+        run(make(), 2 * k, ckpt_path=ckpt)
     (tmp_path / "k.ckpt.rank2").unlink()
     with pytest.raises(Exception, match=r"rank 2's state for checkpoint .*k\.ckpt\.rank2"):
         run(make(), 2 * k, ckpt_path=ckpt)

@@ -2,12 +2,27 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 # A group is the sorted tuple of the global ranks taking part; ``None`` means every rank.
 Group = Optional[Tuple[int, ...]]
+
+
+def flat_per_dtype(tensors: Sequence[torch.Tensor]) -> Iterator[Tuple[List[torch.Tensor], torch.Tensor]]:
+    """For each dtype among ``tensors`` (usually one): those tensors and their values in one flat tensor."""
+    for dtype in sorted({t.dtype for t in tensors}, key=str):
+        same = [t for t in tensors if t.dtype == dtype]
+        yield same, torch.cat([t.detach().reshape(-1) for t in same])
+
+
+def unflatten_into(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy consecutive slices of ``flat`` back into ``tensors`` (the inverse of one flat_per_dtype item)."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def normalize_group(ranks: Optional[Sequence[int]], world_size: int) -> Tuple[int, ...]:
@@ -147,15 +162,13 @@ class Collectives(ABC):
         if op not in ("mean", "avg", "sum"):
             raise ValueError(f"reduce op {op!r} within a partition's groups: use mean or sum")
         nonfinite: set = set()
-        for dtype in sorted({t.dtype for t in tensors}, key=str):  # one exchange per dtype (usually one)
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.detach().reshape(-1) for t in same])
+        for same, flat in flat_per_dtype(tensors):  # one exchange per dtype (usually one)
             n = flat.numel()
             others = [r for r in members if r != self.rank]
             splits = [n if r in others else 0 for r in range(self.size)]
             # the input is cut into consecutive slices, one per destination: a copy of flat for each other member
             send = flat if len(others) <= 1 else flat.repeat(len(others))
-            received, counts = self.alltoall(send, splits, tag=f"{tag}.{str(dtype).replace('torch.', '')}")
+            received, counts = self.alltoall(send, splits, tag=f"{tag}.{str(flat.dtype).replace('torch.', '')}")
             senders = [r for r, c in enumerate(counts) if c]
             if senders != others or any(counts[r] != n for r in senders):
                 raise RuntimeError(f"rank {self.rank}: group {members} got {n}-element parts from ranks "
@@ -169,16 +182,14 @@ class Collectives(ABC):
                 nonfinite.update(r for r in members if not bool(torch.isfinite(parts[r]).all()))
             if op != "sum":
                 total.div_(len(members))
-            offset = 0
-            for t in same:
-                t.copy_(total[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+            unflatten_into(same, total)
         return sorted(nonfinite)
 
     # --- groups on connections of their own (dssync exchange="direct") -------------------------------
-    def ensure_direct_groups(self, groups: Sequence[Sequence[int]]) -> None:
+    def ensure_direct_groups(self, groups: Sequence[Sequence[int]], timeout_s: float = 600.0) -> None:
         """Create a group with connections of its own for each of ``groups`` that has none yet. A collective
-        over ALL ranks (the same list, at the same point on every rank), as :meth:`ensure_groups`."""
+        over ALL ranks (the same list, at the same point on every rank), as :meth:`ensure_groups`. An operation
+        on them raises after waiting ``timeout_s`` for a peer."""
         raise NotImplementedError(f"{type(self).__name__} has no direct groups: dssync's exchange=direct needs them")
 
     def allreduce_direct_(self, tensors: Sequence[torch.Tensor], group: Sequence[int], op: str = "mean",

@@ -366,7 +366,7 @@ class FakeCollectives(Collectives):
     def ensure_groups(self, groups):
         self.barrier()  # a collective over every rank, as creating process sets is
 
-    def ensure_direct_groups(self, groups):
+    def ensure_direct_groups(self, groups, timeout_s=600.0):
         self.barrier()  # a collective over every rank, as creating torch.distributed groups is
 
     def allreduce_direct_(self, tensors, group, op="mean", tag="direct"):

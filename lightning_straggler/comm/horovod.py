@@ -35,7 +35,7 @@ import os
 import time
 from typing import Any, Dict, Iterator, Sequence, Tuple
 
-from lightning_straggler.comm.base import Collectives, Group, normalize_group
+from lightning_straggler.comm.base import Collectives, Group, flat_per_dtype, normalize_group, unflatten_into
 from lightning_straggler.watchdog import waiting  # the launcher's stall watchdog sees blocked collectives
 
 _OPS = ("mean", "avg", "sum", "max", "min", "product")
@@ -65,7 +65,8 @@ POLL_FIRST_S, POLL_MAX_S = 5e-5, 5e-4  # sleeps between polls: doubling up to 0.
 # benchmarks.allreduce_latency probes; likely idle CPUs' wake-up latency, not isolated).
 WAIT_SLICE_S = 5e-4
 # dssync exchange="direct": how long a torch.distributed Gloo operation (or its rendezvous) may wait for its
-# peers before it raises (Horovod's own stalls are bounded by the launcher's stall timeout)
+# peers before it raises, unless the caller says (the strategies pass the launcher's backstop for their
+# stall timeout: the watchdog names a stalled rank first)
 DIRECT_TIMEOUT_S = 600.0
 
 
@@ -183,7 +184,7 @@ class HorovodCollectives(Collectives):
         for key in wanted:  # the given order (the same on every rank): Horovod coordinates sets in this order
             self._sets[key] = hvd.add_process_set(list(key))
 
-    def ensure_direct_groups(self, groups: Sequence[Sequence[int]]) -> None:
+    def ensure_direct_groups(self, groups: Sequence[Sequence[int]], timeout_s: float = DIRECT_TIMEOUT_S) -> None:
         """torch.distributed Gloo groups for ``groups`` (those of two or more ranks), on connections of their
         own. The first call starts torch.distributed: a TCPStore on rank 0's Gloo interface (the port the
         OS picks, told to the others through Horovod), then one Gloo connection per pair of ranks that
@@ -192,7 +193,7 @@ class HorovodCollectives(Collectives):
 
         import torch.distributed as dist
 
-        timeout = datetime.timedelta(seconds=DIRECT_TIMEOUT_S)
+        timeout = datetime.timedelta(seconds=timeout_s)
         if self._direct_store is None:
             from lightning_straggler.cluster_env import gloo_interface, interface_address
 
@@ -219,7 +220,6 @@ class HorovodCollectives(Collectives):
                     self._direct[key] = dist.new_group(list(key), timeout=timeout, backend="gloo")
 
     def allreduce_direct_(self, tensors, group, op="mean", tag="direct"):
-        import torch
         import torch.distributed as dist
 
         key = normalize_group(group, self.size)
@@ -229,16 +229,11 @@ class HorovodCollectives(Collectives):
         if op not in ("mean", "avg", "sum"):
             raise ValueError(f"reduce op {op!r} within a direct group: use mean or sum")
         with self._blocking(f"{tag}.{'-'.join(map(str, key))}.direct"):
-            for dtype in sorted({t.dtype for t in tensors}, key=str):  # one operation per dtype (usually one)
-                same = [t for t in tensors if t.dtype == dtype]
-                flat = torch.cat([t.detach().reshape(-1) for t in same])
+            for same, flat in flat_per_dtype(tensors):  # one operation per dtype (usually one)
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self._direct[key])
                 if op != "sum":
                     flat.div_(len(key))
-                offset = 0
-                for t in same:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                unflatten_into(same, flat)
 
     def process_set(self, group: Group):
         key = normalize_group(group, self.size)

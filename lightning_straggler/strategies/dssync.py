@@ -43,6 +43,7 @@ from typing_extensions import override
 from lightning_straggler.config import DSSYNC_EXCHANGES as EXCHANGES
 from lightning_straggler.config import DSSYNC_SYNC_MODES as SYNC_MODES
 from lightning_straggler.config import DSSyncConfig as C
+from lightning_straggler.launcher import backstop_timeout_s
 from lightning_straggler.policies.dssync import KINDS, DSSyncSchedule
 from lightning_straggler.strategies.horovod_base import HorovodStrategy
 
@@ -109,8 +110,8 @@ class DSSyncStrategy(HorovodStrategy):
         self.schedule = DSSyncSchedule(self.world_size, size, self.schedule_kind, self.num_partitions, self.seed)
         if self.uses_subgroups:
             self.comm.ensure_groups(self.schedule.all_groups())  # all ranks, same list, once
-        elif self.exchange == "direct":
-            self.comm.ensure_direct_groups(self.schedule.all_groups())
+        elif self.exchange == "direct":  # its operations time out where Horovod's own would
+            self.comm.ensure_direct_groups(self.schedule.all_groups(), timeout_s=backstop_timeout_s(self.stall_timeout_s))
         if not self.events:
             self.record_event("schedule", schedule=self.schedule.describe(), sync=self.sync,
                               global_every_steps=self.global_every_steps,

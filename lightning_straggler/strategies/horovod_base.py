@@ -12,6 +12,7 @@ import io
 import os
 import random
 import time
+import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -510,17 +511,27 @@ class HorovodStrategy(ParallelStrategy):
         """``rank_states="files"``: this rank's :meth:`strategy_state` into ``<checkpoint>.rank<r>``, written by
         the rank itself (no network), then one all-reduce that every rank reaches, so rank 0 writes the
         checkpoint naming the files only once all of them are written."""
+        from fsspec.implementations.local import LocalFileSystem
         from lightning.fabric.utilities.cloud_io import get_filesystem
 
+        from lightning_straggler.checkpoint_io import save_atomically
+
+        # one token per save, in the checkpoint and in each of its rank files: a file left by another save
+        # under the same name (last.ckpt.rank2 of an earlier step) is refused on resume, never mixed in
+        token = self.comm.broadcast_object(uuid.uuid4().hex if self.global_rank == 0 else None, root=0,
+                                           tag="rank_state_token")
         path = rank_state_path(filepath, self.global_rank)
+        content = {"save_token": token, "state": self.strategy_state()}
         fs = get_filesystem(path)
-        fs.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with fs.open(path, "wb") as f:
-            torch.save(self.strategy_state(), f)
+        if isinstance(fs, LocalFileSystem):
+            save_atomically(content, path)
+        else:
+            with fs.open(path, "wb") as f:
+                torch.save(content, f)
         self.comm.allreduce(torch.ones(1), op="sum", tag="rank_state_files_written")
         if self.global_rank != 0:
             return None
-        return {**self._checkpoint_header(),
+        return {**self._checkpoint_header(), "save_token": token,
                 "rank_files": [os.path.basename(rank_state_path(filepath, r)) for r in range(self.world_size)]}
 
     @override
@@ -595,7 +606,12 @@ class HorovodStrategy(ParallelStrategy):
                 f"checkpoint was saved with trainer.rank_states=files (each rank wrote <checkpoint>.rank<r> beside "
                 f"it); resume where every rank sees those files (a shared file system), or copy them along")
         with fs.open(path, "rb") as f:
-            return torch.load(f, weights_only=False)
+            content = torch.load(f, weights_only=False)
+        if content.get("save_token") != self._resume.get("save_token"):
+            raise RuntimeError(f"rank {self.global_rank}'s state file {path} belongs to another save than checkpoint "
+                               f"{self._resume_path} (written by a later or earlier save under the same name); "
+                               f"resume from the checkpoint its files were written with")
+        return content["state"]
 
     def resume_skip_batches(self, batches_per_epoch: int) -> int:
         """Batches of the resumed epoch the interrupted run had already trained on (0 when not resuming),
