@@ -14,6 +14,14 @@ def flat_params(module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
+class NoWorldProcessGroup(Callback):
+    """Fails the run if torch.distributed's default group exists while training: Lightning then broadcasts
+    on it at every batch (a world sync each step) and torchmetrics syncs over it."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        assert not torch.distributed.is_initialized(), "torch.distributed's default process group was started"
+
+
 class RankSpread(Callback):
     """Max |param - rank 0's param| over all ranks, reported in callback_metrics at the end of fit
     (after the strategy's own end-of-training work)."""

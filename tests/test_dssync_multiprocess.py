@@ -7,7 +7,7 @@ from lightning_straggler import DSSyncStrategy
 from lightning_straggler.callbacks import StragglerInjector
 from lightning_straggler.policies.dssync import DSSyncSchedule
 from lightning_straggler.policies.injection import RandomSchedule
-from tests.helpers import RankSpread, Snapshots
+from tests.helpers import NoWorldProcessGroup, RankSpread, Snapshots
 from tests.test_ring_multiprocess import fit, make_model
 
 pytestmark = pytest.mark.multiprocess
@@ -51,7 +51,7 @@ def test_direct_exchange_trains_the_models_process_sets_do():
     for exchange in ("sets", "direct"):
         strategy = DSSyncStrategy(group_size=2, schedule="random", seed=1, sync="grads", global_every_steps=0,
                                   global_at_epoch_end=False, exchange=exchange)
-        trainer = fit(make_model(), strategy, 4, 8, len(steps), callbacks=[Snapshots(steps)])
+        trainer = fit(make_model(), strategy, 4, 8, len(steps), callbacks=[Snapshots(steps), NoWorldProcessGroup()])
         params[exchange] = [trainer.callback_metrics[f"params_after_step{k}"] for k in steps]
     for k, (a, b) in enumerate(zip(params["sets"], params["direct"])):
         assert (a - b).abs().max().item() < 1e-6, f"step {k}"
@@ -63,7 +63,7 @@ def test_direct_exchange_finishes_random_straggler_schedules_at_8_ranks():
         injector = StragglerInjector(RandomSchedule(seed, 0.5, 2.0, 20.0, 1, 6, 3))
         strategy = DSSyncStrategy(group_size=2, schedule="random", seed=seed, global_every_steps=4,
                                   exchange="direct")
-        trainer = fit(make_model(seed), strategy, 8, 8, 10, callbacks=[injector, RankSpread()])
+        trainer = fit(make_model(seed), strategy, 8, 8, 10, callbacks=[injector, RankSpread(), NoWorldProcessGroup()])
         assert trainer.state.finished
         assert trainer.callback_metrics["rank_param_spread"].item() < 1e-6
 

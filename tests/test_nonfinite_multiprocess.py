@@ -39,6 +39,11 @@ def test_error_names_the_rank(strategy):
         fit(model(), strategy, 4, 8, 6)
     message = str(err.value)
     assert "non-finite loss or gradients from rank 2 at step 3" in message, message[-2000:]
+    if getattr(strategy, "exchange", None) == "direct":  # traced inside rank 2's pair at step 3 by the flag sum
+        from lightning_straggler.policies.dssync import DSSyncSchedule
+
+        pair = list(DSSyncSchedule(4, 2, "butterfly").group_of(2, 3))
+        assert f"seen by ranks {pair}" in message, message[-2000:]
 
 
 # nonfinite="skip" (the poisoned step skipped on every rank, one event): in one process,

@@ -122,8 +122,9 @@ class HorovodCollectives(Collectives):
     def __init__(self) -> None:
         self._sets: Dict[Tuple[int, ...], Any] = {}
         self._dynamic = False
-        self._direct: Dict[Tuple[int, ...], Any] = {}  # torch.distributed Gloo groups (exchange="direct")
-        self._direct_store = None  # the TCPStore they rendezvoused through: set once torch.distributed is up
+        # exchange="direct": torch's Gloo process group per group (None where this rank is not a member)
+        self._direct: Dict[Tuple[int, ...], Any] = {}
+        self._direct_store = None  # the TCPStore the groups met through
 
     # --- lifecycle -------------------------------------------------------------------------------
     def init(self, dynamic_groups: bool = True, static_groups: Sequence[Sequence[int]] = ()) -> None:
@@ -148,13 +149,8 @@ class HorovodCollectives(Collectives):
             return False
 
     def shutdown(self) -> None:
-        if self._direct_store is not None:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self._direct.clear()
-            self._direct_store = None
+        self._direct.clear()  # their connections close with them
+        self._direct_store = None
         if self.initialized:
             _hvd().shutdown()
         self._sets.clear()
@@ -185,21 +181,28 @@ class HorovodCollectives(Collectives):
             self._sets[key] = hvd.add_process_set(list(key))
 
     def ensure_direct_groups(self, groups: Sequence[Sequence[int]], timeout_s: float = DIRECT_TIMEOUT_S) -> None:
-        """torch.distributed Gloo groups for ``groups`` (those of two or more ranks), on connections of their
-        own. The first call starts torch.distributed: a TCPStore on rank 0's Gloo interface (the port the
-        OS picks, told to the others through Horovod), then one Gloo connection per pair of ranks that
-        share a group (``GLOO_SOCKET_IFNAME``: Horovod's interface unless set)."""
+        """A Gloo process group (torch's ``ProcessGroupGloo``) for each of ``groups`` of two or more ranks, on
+        connections of its own. torch.distributed's default (world) group is NOT started: Lightning
+        broadcasts on it at every training batch once it exists, which would make every step a world sync
+        again (and torchmetrics would sync over it). The groups meet through a ``TCPStore`` on rank 0 at the
+        address of Horovod's Gloo interface (the port the OS picks, told to the others through Horovod);
+        each rank builds only its own groups, in the given order (the same on every rank: no cycle of
+        waits). ``GLOO_SOCKET_IFNAME``: Horovod's interface unless set."""
         import datetime
 
         import torch.distributed as dist
 
+        keys = []
+        for g in groups:
+            key = normalize_group(g, self.size)
+            if len(key) > 1 and key not in self._direct and key not in keys:
+                keys.append(key)
+        if not keys:
+            return
         timeout = datetime.timedelta(seconds=timeout_s)
         if self._direct_store is None:
             from lightning_straggler.cluster_env import gloo_interface, interface_address
 
-            if dist.is_initialized():
-                raise RuntimeError("torch.distributed is already initialised in this process; dssync's "
-                                   "exchange=direct starts its own (use exchange=sets instead)")
             iface = gloo_interface()
             os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
             store, where = None, None
@@ -208,29 +211,32 @@ class HorovodCollectives(Collectives):
                 store = dist.TCPStore(addr, 0, self.size, True, timeout=timeout, wait_for_workers=False)
                 where = (addr, int(store.port))
             where = self.broadcast_object(where, root=0, tag="direct_store")
-            with self._blocking("direct_rendezvous"):
-                if store is None:
+            if store is None:
+                with self._blocking("direct_store"):
                     store = dist.TCPStore(where[0], where[1], self.size, False, timeout=timeout)
-                dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.size, timeout=timeout)
             self._direct_store = store
-        for g in groups:  # the given order, the same on every rank: new_group is a collective over all ranks
-            key = normalize_group(g, self.size)
-            if len(key) > 1 and key not in self._direct:
+        for key in keys:
+            if self.rank in key:  # only the members meet (through the store): nothing for the others to join
                 with self._blocking(f"direct_group.{'-'.join(map(str, key))}"):
-                    self._direct[key] = dist.new_group(list(key), timeout=timeout, backend="gloo")
+                    prefixed = dist.PrefixStore(f"direct/{'-'.join(map(str, key))}", self._direct_store)
+                    self._direct[key] = dist.ProcessGroupGloo(prefixed, key.index(self.rank), len(key), timeout)
+            else:
+                self._direct[key] = None  # exists, this rank is not in it
 
     def allreduce_direct_(self, tensors, group, op="mean", tag="direct"):
-        import torch.distributed as dist
-
         key = normalize_group(group, self.size)
         if key not in self._direct:
             raise RuntimeError(f"no direct group for ranks {key}: create it with ensure_direct_groups() on every "
                                "rank first")
+        if self._direct[key] is None:
+            raise ValueError(f"rank {self.rank} all-reduces within direct group {key}, which it is not in")
         if op not in ("mean", "avg", "sum"):
             raise ValueError(f"reduce op {op!r} within a direct group: use mean or sum")
         with self._blocking(f"{tag}.{'-'.join(map(str, key))}.direct"):
             for same, flat in flat_per_dtype(tensors):  # one operation per dtype (usually one)
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self._direct[key])
+                if op != "sum" and not flat.is_floating_point():
+                    raise ValueError(f"a mean within a direct group needs floating-point tensors (got {flat.dtype})")
+                self._direct[key].allreduce([flat]).wait()  # a sum
                 if op != "sum":
                     flat.div_(len(key))
                 unflatten_into(same, flat)

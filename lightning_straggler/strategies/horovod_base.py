@@ -518,8 +518,9 @@ class HorovodStrategy(ParallelStrategy):
 
         # one token per save, in the checkpoint and in each of its rank files: a file left by another save
         # under the same name (last.ckpt.rank2 of an earlier step) is refused on resume, never mixed in
-        token = self.comm.broadcast_object(uuid.uuid4().hex if self.global_rank == 0 else None, root=0,
-                                           tag="rank_state_token")
+        # and rank 0's checkpoint path: every rank names its file after the checkpoint rank 0 writes
+        token, filepath = self.comm.broadcast_object((uuid.uuid4().hex, str(filepath)) if self.global_rank == 0
+                                                     else None, root=0, tag="rank_state_token")
         path = rank_state_path(filepath, self.global_rank)
         content = {"save_token": token, "state": self.strategy_state()}
         fs = get_filesystem(path)
@@ -548,7 +549,9 @@ class HorovodStrategy(ParallelStrategy):
     @override
     def remove_checkpoint(self, filepath: Any) -> None:
         super().remove_checkpoint(filepath)  # rank 0: the checkpoint
-        # Lightning's ModelCheckpoint removes on every rank: each rank its own file (rank_states="files")
+        if self.rank_states != "files":
+            return
+        # Lightning's ModelCheckpoint removes on every rank: each rank its own file
         from lightning.fabric.utilities.cloud_io import get_filesystem
 
         path = rank_state_path(filepath, self.global_rank)
