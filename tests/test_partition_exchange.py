@@ -90,20 +90,27 @@ def test_bad_arguments_are_refused_before_any_exchange():
     assert FakeWorld(2).run(body) == [True, True]
 
 
-def _pairs_over_horovod(rank: int, size: int, port: int, steps: int, results) -> None:
+def _horovod_without_sets(rank: int, size: int, port: int):
+    """A worker's HorovodCollectives, initialised as dssync's alltoall and direct exchanges run: no process set."""
     import os
 
     from lightning_straggler.launcher import horovod_worker_env
 
     os.environ.update(horovod_worker_env(rank, size, port, 120))
-    import horovod.torch as hvd
-
     from lightning_straggler.comm.horovod import HorovodCollectives
-    from lightning_straggler.policies.dssync import DSSyncSchedule
 
     torch.set_num_threads(1)
     comm = HorovodCollectives()
-    comm.init(dynamic_groups=False)  # as dssync's alltoall exchange runs: no process set
+    comm.init(dynamic_groups=False)
+    return comm
+
+
+def _pairs_over_horovod(rank: int, size: int, port: int, steps: int, results) -> None:
+    import horovod.torch as hvd
+
+    from lightning_straggler.policies.dssync import DSSyncSchedule
+
+    comm = _horovod_without_sets(rank, size, port)
     try:
         schedule = DSSyncSchedule(size, 2, "random", 4, seed=3)
         out = []
@@ -139,18 +146,11 @@ def test_over_horovod_every_rank_gets_its_pairs_mean_without_process_sets(size):
 # --- exchange="direct": torch.distributed Gloo groups beside Horovod -------------------------------------
 
 def _direct_pairs_over_horovod(rank: int, size: int, port: int, steps: int, slow_rank: int, results) -> None:
-    import os
     import time
 
-    from lightning_straggler.launcher import horovod_worker_env
-
-    os.environ.update(horovod_worker_env(rank, size, port, 120))
-    from lightning_straggler.comm.horovod import HorovodCollectives
     from lightning_straggler.policies.dssync import DSSyncSchedule
 
-    torch.set_num_threads(1)
-    comm = HorovodCollectives()
-    comm.init(dynamic_groups=False)  # as dssync's direct exchange runs: no process set
+    comm = _horovod_without_sets(rank, size, port)
     try:
         schedule = DSSyncSchedule(size, 2, "random", 4, seed=3)
         comm.ensure_direct_groups(schedule.all_groups())

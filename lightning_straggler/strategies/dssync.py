@@ -16,8 +16,9 @@ How a step's groups exchange (``exchange``):
   coordinates the world too: under ``"sets"`` a rank whose group is still transferring holds up the
   others' coordination, so groups that start a cycle apart run one after another (measured over shaped
   links: README, "Over shaped links"). Every step then waits for the slowest rank (as ``ring`` does).
-- ``"direct"``: each group all-reduces on a torch.distributed Gloo group of its own (``comm.allreduce_direct_``;
-  torch.distributed is started beside Horovod for it, its store on rank 0: README, "Clusters"), not through
+- ``"direct"``: each group all-reduces on a torch Gloo process group of its own (``comm.allreduce_direct_``;
+  built by its members through a store on rank 0, torch.distributed's world group never started: README,
+  "Clusters"), not through
   Horovod: no coordination thread shared with the other groups, so the groups of a step run at once and a
   straggler holds up only its own group. Horovod still does everything else (global averages, checkpoints,
   metrics).
