@@ -23,6 +23,7 @@ names carry the creating process's pid (``lsnet<pid>-...``); ``cleanup`` removes
 gone. :func:`launch_workers` runs one Horovod worker per slot over the hosts: rank r on host
 r // per_host, task 0's host runs Horovod's rendezvous server, and every worker gets the variables
 horovodrun would set (:func:`lightning_straggler.cluster_env.attach_env`), so the strategy attaches.
+:func:`launch_torchrun` runs ``algorithm=ddp`` the same way under real ``torchrun`` (one agent per host).
 """
 from __future__ import annotations
 
@@ -346,6 +347,46 @@ def launch_workers(net: NamespacedHosts, workers: int, argv: Sequence[str], run_
             handle.close()
     if failed is not None:
         raise NetworkError(f"rank {failed} failed (exit {procs[failed].poll()}): "
+                           f"{open(logs[failed][1]).read()[-3000:]}")
+    return [open(out).read() for out, _ in logs]
+
+
+TORCHRUN_PORT = 29460
+
+
+def launch_torchrun(net: NamespacedHosts, workers: int, argv: Sequence[str], run_dir: str, timeout_s: float,
+                    extra_env: Optional[Dict[str, str]] = None) -> List[str]:
+    """Run ``argv`` (a ``python -m MODULE ARGS`` Hydra command; ``{rank}`` in an argument becomes Hydra's
+    ``${oc.env:RANK}``, the worker's rank) as ``workers`` torch.distributed workers over
+    ``net``'s hosts with real ``torchrun``: one agent per host (``--nnodes hosts --nproc-per-node
+    workers/hosts --node-rank i``, static rendezvous at host 0's address), Gloo on each namespace's eth0;
+    ranks are block-placed as in :func:`launch_workers`. Waits at most ``timeout_s``; returns each host's
+    agent output. Raises NetworkError naming the first host that failed, with its log."""
+    if workers % net.hosts:
+        raise NetworkError(f"{workers} workers do not split evenly over {net.hosts} hosts (torchrun needs that)")
+    if argv[1:2] != ["-m"]:
+        raise NetworkError(f"launch_torchrun needs a 'python -m MODULE ...' command (got {list(argv[:3])})")
+    os.makedirs(run_dir, exist_ok=True)
+    procs, logs, handles = [], [], []
+    for host in range(net.hosts):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}
+        env.pop("HOROVOD_RANK", None)
+        out = open(os.path.join(run_dir, f"host{host}.out"), "w")
+        err = open(os.path.join(run_dir, f"host{host}.err"), "w")
+        logs.append((out.name, err.name))
+        handles += [out, err]
+        command = [argv[0], "-m", "torch.distributed.run", f"--nnodes={net.hosts}",
+                   f"--nproc-per-node={workers // net.hosts}", f"--node-rank={host}",
+                   f"--master-addr={net.address(0)}", f"--master-port={TORCHRUN_PORT}", "-m",
+                   *(a.replace("{rank}", "${oc.env:RANK}") for a in argv[2:])]  # (Hydra resolves it per worker)
+        procs.append(net.popen(host, command, cwd=ROOT, env=env, stdout=out, stderr=err))
+    try:
+        failed = _wait_all(procs, timeout_s, run_dir)
+    finally:
+        for handle in handles:
+            handle.close()
+    if failed is not None:
+        raise NetworkError(f"host {failed}'s torchrun failed (exit {procs[failed].poll()}): "
                            f"{open(logs[failed][1]).read()[-3000:]}")
     return [open(out).read() for out, _ in logs]
 

@@ -11,7 +11,8 @@ the default 1024 1024 has 1.1 M parameters, 4.3 MB of float32 gradients: at 100 
 across hosts takes ~0.5 s, far more than a step's compute), the emulated device time of ``straggler=none``
 (1 ms per sample: 32 ms of a step's ~42 ms compute), no stragglers (until 2026-12-06 the runs inherited the
 main job's default transient straggler, rank 3 at 4 x from step 40: harmless at 40 steps, not at 60),
-validation only at the end. ``OMP_NUM_THREADS=1`` per worker. ``--rank-states`` sets ``trainer.rank_states`` for
+validation only at the end. ``OMP_NUM_THREADS=1`` per worker. ``ddp`` (Lightning's DDP over torch.distributed
+Gloo) is started by real ``torchrun``, one agent per host; every other algorithm attaches to Horovod's variables. ``--rank-states`` sets ``trainer.rank_states`` for
 every algorithm (where checkpoints keep each rank's own state; only dssync's and awar's differ by rank).
 
 Per run: throughput (train_samples / wall_s, from summary.json), sync time per step (median over ranks of
@@ -37,7 +38,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.matrix import label, paired_bootstrap, trim_summary
-from benchmarks.network import LinkShape, NamespacedHosts, available, launch_workers
+from benchmarks.network import LinkShape, NamespacedHosts, available, launch_torchrun, launch_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = {
@@ -53,6 +54,8 @@ ALGORITHMS = {
     "dssync-direct": ["algorithm=dssync", "algorithm.group_size=2", "algorithm.schedule=butterfly",
                       "algorithm.sync=params", "algorithm.exchange=direct"],
     "awar": ["algorithm=awar"], "dpar": ["algorithm=dpar"], "boa": ["algorithm=boa"],
+    # Lightning's DDP (torch.distributed Gloo), started by real torchrun, one agent per host
+    "ddp": ["algorithm=ddp"],
 }
 DSSYNC_TARGET = 1.5
 SIM_TOLERANCE = 0.15  # the simulator's validation rule (benchmarks/sim_validate.py): |predicted/measured - 1| <= 15%
@@ -93,10 +96,10 @@ def one_run(algo: str, hosts: int, workers: int, shape: LinkShape, seed: int, st
             f"trainer.devices={workers}", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
             "data=synthetic", f"model.hidden=[{','.join(str(h) for h in hidden)}]", f"seed={seed}",
             f"trainer.rank_states={rank_states}", f"output_dir={out}", f"hydra.run.dir={run_dir}/hydra{{rank}}"]
+    launch = launch_torchrun if name == "ddp" else launch_workers
     started = time.time()
     with NamespacedHosts(hosts, shape) as net:
-        launch_workers(net, workers, argv, os.path.join(run_dir, "logs"), timeout_s=900,
-                       extra_env={"OMP_NUM_THREADS": "1"})
+        launch(net, workers, argv, os.path.join(run_dir, "logs"), timeout_s=900, extra_env={"OMP_NUM_THREADS": "1"})
         sent = [net.bytes_sent(h) for h in range(hosts)]
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)

@@ -25,6 +25,11 @@ Slurm ``NodeAddr`` when the node name is not a host name. Port:
 task without talking first; Lightning derives ``MASTER_PORT`` from the job id the same way). Gloo's
 interface: ``HOROVOD_GLOO_IFACE`` if set, else the interface whose address this host uses to reach the
 rendezvous address (the kernel's route; no packet is sent).
+
+``torchrun`` (``TORCHELASTIC_RUN_ID`` set) starts ``algorithm=ddp`` workers: Lightning's DDP reads torchrun's
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` itself (its
+``TorchElasticEnvironment``); :func:`torchrun_layout` only checks the launch against the configuration and
+gives the Trainer its per-node ``devices`` and ``num_nodes``.
 """
 from __future__ import annotations
 
@@ -273,6 +278,50 @@ def wait_for(addr: str, port: int, timeout_s: float) -> None:
 
 
 _server = None  # task 0's rendezvous server, kept for the process's lifetime
+
+
+# --- torchrun (torch.distributed's elastic launcher): algorithm=ddp only -------------------------------
+
+
+def torchrun_launched(env: Mapping[str, str] = os.environ) -> bool:
+    """True in a worker started by ``torchrun`` (``python -m torch.distributed.run``), by torch's own rule
+    (``TORCHELASTIC_RUN_ID`` set): Lightning's DDP attaches to it (its ``TorchElasticEnvironment``)."""
+    return env.get("TORCHELASTIC_RUN_ID") is not None
+
+
+@dataclass(frozen=True)
+class TorchrunLayout:
+    """What ``torchrun`` told this worker, in Lightning's terms: ``devices`` per node, ``num_nodes``."""
+
+    world_size: int
+    devices: int
+    num_nodes: int
+
+
+def torchrun_layout(algorithm: str, devices: int, env: Mapping[str, str] = os.environ) -> Optional[TorchrunLayout]:
+    """Under ``torchrun``: the layout Lightning's Trainer needs for ``algorithm=ddp`` (``devices`` = the
+    workers per node, ``num_nodes``), after checking it against ``trainer.devices`` (the job's workers in
+    all); ``None`` when not started by torchrun. Raises ClusterEnvError naming the setting when the
+    launch and the configuration disagree: torchrun serves ``ddp`` only (the Horovod strategies attach to
+    ``horovodrun`` and ``srun``), and ``trainer.devices`` must equal torchrun's world size."""
+    if not torchrun_launched(env):
+        return None
+    try:
+        world = int(env["WORLD_SIZE"])
+        local = int(env["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError) as e:
+        raise ClusterEnvError(f"torchrun's WORLD_SIZE / LOCAL_WORLD_SIZE missing or not integers: {e}") from e
+    if algorithm != "ddp":
+        raise ClusterEnvError(f"algorithm={algorithm} under torchrun: torchrun launches serve algorithm=ddp only; the "
+                              "Horovod strategies run under horovodrun, srun, or spawn their workers themselves "
+                              "(README, Clusters)")
+    if devices != world:
+        raise ClusterEnvError(f"trainer.devices must equal torchrun's world size {world} (its --nnodes x "
+                              f"--nproc-per-node; got {devices})")
+    if local < 1 or world % local:
+        raise ClusterEnvError(f"torchrun's {world} workers do not split into nodes of {local} (LOCAL_WORLD_SIZE): "
+                              "Lightning needs the same --nproc-per-node on every node")
+    return TorchrunLayout(world_size=world, devices=local, num_nodes=world // local)
 
 
 def attach_env(layout: TaskLayout, addr: str, port: int, iface: str, stall_timeout_s: float,

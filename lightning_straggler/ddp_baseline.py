@@ -3,7 +3,9 @@
 Not a Horovod strategy: it is Lightning's ``DDPStrategy`` with only what the main job needs to compare it
 fairly with the others, and nothing that changes how DDP trains:
 
-* launch: ``ddp_spawn``-style (Lightning's multiprocessing launcher) from the plain python process,
+* launch: under ``torchrun`` (one process per worker, any number of nodes) it attaches the way
+  Lightning's DDP does (``TorchElasticEnvironment``; Gloo on the interface ``GLOO_SOCKET_IFNAME`` names, or
+  Gloo's own choice); otherwise ``ddp_spawn``-style (Lightning's multiprocessing launcher) from the plain python process,
   started as the project's own launcher starts its workers (Python's fork server where it exists, else
   ``spawn``; the training is the same, see README Launching for what else differs). Lightning's ``popen`` (subprocess-script)
   launcher re-runs the command line once per rank, which neither ``train(cfg)`` from code (tests,
@@ -167,10 +169,15 @@ class DDPBaselineStrategy(DDPStrategy):
         self.buckets_per_step = 0  # gradient buckets DDP reduced in the last step
         self._pre_sync: List[Callable[[], None]] = []
         self._bucket_seen = False
+        self.attached = False  # started by torchrun: this process is one worker (set in _configure_launcher)
 
     # --- launch and set-up ----------------------------------------------------------------------
     def _configure_launcher(self) -> None:
-        self._launcher = _DDPLauncher(self, start_method=self._start_method)
+        # decided here, in the launching process: inside a spawned worker Lightning's environment also
+        # looks external (LOCAL_RANK is set there)
+        env = self.cluster_environment
+        self.attached = env is not None and env.creates_processes_externally
+        self._launcher = None if self.attached else _DDPLauncher(self, start_method=self._start_method)
 
     def setup_environment(self) -> None:
         super().setup_environment()  # init_process_group (Gloo on CPU)
@@ -263,7 +270,8 @@ class DDPBaselineStrategy(DDPStrategy):
         if self.global_rank == 0:
             self.run_report["events"] = list(self.events)
             self.run_report.setdefault("profiling", {
-                "launch": f"{self._start_method} (Lightning's multiprocessing launcher), Gloo on CPU",
+                "launch": ("torchrun (attached: Lightning's TorchElasticEnvironment), Gloo on CPU" if self.attached
+                           else f"{self._start_method} (Lightning's multiprocessing launcher), Gloo on CPU"),
                 "model_averaging_period": self.averaging_period, "warmup_steps": self.warmup_steps,
                 "gradient_buckets_per_step": self.buckets_per_step,
                 "profiling": ("compute_s: batch start until DDP's first gradient bucket is ready (injected delay "
@@ -273,6 +281,8 @@ class DDPBaselineStrategy(DDPStrategy):
                                if self.buckets_per_step > 1 else "; one bucket per step, so no backward overlaps it)")),
             })
         super().teardown()
+        if self.attached:  # (spawned workers end theirs in _DDPLauncher._wrapping_function)
+            end_process_group()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()

@@ -13,7 +13,7 @@ import time
 import copy
 import warnings
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_straggler.worker_start import end_early_fork_server, start_fork_server_early
 
@@ -58,6 +58,19 @@ def build_strategy(cfg, job_deadline: Optional[float] = None):
     return strategy
 
 
+def launch_layout(cfg) -> Tuple[int, int]:
+    """``(devices, num_nodes)`` for Lightning's Trainer: ``(trainer.devices, 1)`` (this project's launchers
+    and the Horovod attach paths count every worker in ``devices``), or torchrun's per-node layout for
+    ``ddp`` (cluster_env.torchrun_layout). Raises ConfigError when a torchrun launch disagrees."""
+    from lightning_straggler.cluster_env import ClusterEnvError, torchrun_layout
+
+    try:
+        launched = torchrun_layout(cfg.algorithm.name, cfg.trainer.devices)
+    except ClusterEnvError as e:
+        raise ConfigError(str(e)) from None
+    return (launched.devices, launched.num_nodes) if launched else (cfg.trainer.devices, 1)
+
+
 def shrink_config(raw: Dict[str, Any], survivors: List[int]) -> Dict[str, Any]:
     """The configuration for a restart on ``survivors`` (old ranks, renumbered 0..n-1 in order): fewer
     devices, and the emulated stragglers of the surviving workers only."""
@@ -87,6 +100,7 @@ def train(cfg: Any, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
     from lightning_straggler.errors import WorkerFailure
 
     checked = load_config(cfg)  # raises ConfigError before any worker starts
+    launch_layout(checked)  # the same for a launch that disagrees with it (torchrun)
     from omegaconf import OmegaConf
 
     if not isinstance(cfg, (dict, DictConfig)):
@@ -157,8 +171,9 @@ def _train_once(cfg, ckpt_path: Optional[str], restarts: List[Dict[str, Any]], c
     checkpoints = ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"), save_last=True,
                                   every_n_train_steps=t.checkpoint_every_n_steps or None,
                                   enable_version_counter=False)
+    devices, num_nodes = launch_layout(cfg)
     trainer = pl.Trainer(
-        accelerator=t.accelerator, devices=t.devices, strategy=strategy, max_epochs=t.max_epochs,
+        accelerator=t.accelerator, devices=devices, num_nodes=num_nodes, strategy=strategy, max_epochs=t.max_epochs,
         max_steps=t.max_steps, val_check_interval=t.val_check_interval, log_every_n_steps=t.log_every_n_steps,
         enable_progress_bar=t.enable_progress_bar, gradient_clip_val=t.gradient_clip_val,
         callbacks=[profiler, injector, checkpoints, *callbacks], logger=CSVLogger(out, name="logs"),

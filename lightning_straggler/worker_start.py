@@ -29,12 +29,13 @@ def set_server_preload() -> None:
 def start_fork_server_early(argv: Sequence[str]) -> bool:
     """At the start of ``python -m lightning_straggler.train ARGS``: start the fork server now unless the
     command cannot start workers here (a help or config-printing flag, ``trainer.devices=1``, a sweep
-    through another Hydra launcher, or attached: under ``horovodrun`` or as a task of a multi-task
-    ``srun``). Returns whether it started. A wrong configuration is still refused before any worker
+    through another Hydra launcher, or attached: under ``horovodrun`` or ``torchrun``, or as a task of a
+    multi-task ``srun``). Returns whether it started. A wrong configuration is still refused before any worker
     starts: the server only imports modules."""
-    from lightning_straggler.cluster_env import srun_launched
+    from lightning_straggler.cluster_env import srun_launched, torchrun_launched
 
-    if WORKER_START_METHOD != "forkserver" or "HOROVOD_RANK" in os.environ or srun_launched():
+    if (WORKER_START_METHOD != "forkserver" or "HOROVOD_RANK" in os.environ or srun_launched()
+            or torchrun_launched()):
         return False  # (attached: this process is one worker and starts none)
     if any(a in _NO_WORKERS_FLAGS or a.split("=", 1)[0] in _NO_WORKERS_FLAGS for a in argv):
         return False

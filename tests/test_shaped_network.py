@@ -1,5 +1,6 @@
 """Hosts on one machine (benchmarks/network.py): 4 Horovod workers on 2 namespaced hosts, links shaped with
-tc; the all-reduce time grows as the bandwidth predicts, a training run attaches across the hosts, and
+tc; the all-reduce time grows as the bandwidth predicts, a training run attaches across the hosts (so does
+Lightning's DDP under torchrun), and
 every namespace (and its /etc/netns folder) is gone afterwards, also after a failure."""
 import json
 import os
@@ -73,6 +74,30 @@ def test_training_attaches_across_hosts(tmp_path):
     # and the gradients crossed the link: each host sent at least 2(h-1)/h of the gradient per step
     # (float32; the quick trainer's MLP 40-256-256-10), as a halving-doubling all-reduce across two hosts
     # must (this project's Horovod build; a ring: 2(k-1)/k)
+    params = 40 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
+    assert min(sent) >= 8 * 1.0 * params * 4, sent
+    assert not [ns for ns in network.namespaces() if ns in names]
+    assert not _ours()
+
+
+def test_ddp_under_torchrun_trains_across_hosts(tmp_path):
+    # Lightning's DDP, started by real torchrun (one agent per namespaced host, 2 workers each: num_nodes=2)
+    out = tmp_path / "run"
+    with NamespacedHosts(2, LinkShape(500.0)) as net:
+        network.launch_torchrun(net, 4, [sys.executable, "-m", "lightning_straggler.train", "algorithm=ddp",
+                                         "trainer=quick", "trainer.devices=4", "trainer.max_steps=8",
+                                         "trainer.val_check_interval=8", "straggler=none", f"output_dir={out}",
+                                         f"hydra.run.dir={tmp_path}/hydra{{rank}}"],
+                                str(tmp_path / "logs"), timeout_s=300, extra_env={"OMP_NUM_THREADS": "1"})
+        sent = [net.bytes_sent(h) for h in range(2)]
+        names = net.names
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "ddp" and summary["world_size"] == 4
+    assert [summary["per_rank"][str(r)]["steps"] for r in range(4)] == [8, 8, 8, 8]
+    assert summary["profiling"]["launch"].startswith("torchrun")
+    assert sorted(os.listdir(tmp_path)) == sorted(["run", "logs"] + [f"hydra{r}" for r in range(4)])  # per rank
+    # the gradients crossed the link: at least the whole gradient per step and host (Gloo's ring over 4
+    # block-placed ranks sends 2(k-1)/k = 1.5 x across each host link)
     params = 40 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
     assert min(sent) >= 8 * 1.0 * params * 4, sent
     assert not [ns for ns in network.namespaces() if ns in names]
