@@ -20,7 +20,7 @@ comm_s.mean + wait_s.mean), bytes every host sent onto the bridge during the run
 (measured at the switch ports: includes start-up broadcasts and the final validation's all-reduces), and
 val_acc. Scoring, fixed before any result was seen: per seed, X's throughput / ring's of the same block;
 median and 95% percentile bootstrap interval over seeds (benchmarks.matrix.paired_bootstrap); "win" only
-when the interval's lower end is above 1. The DS-Sync target (issue 16: >= 1.5 x ring) counts as
+when the interval's lower end is above 1 (with ``ddp`` in the run, also X / ddp, same rule). The DS-Sync target (issue 16: >= 1.5 x ring) counts as
 reached only when the interval's lower end is at least 1.5. Accuracy: val_acc difference to ring, per seed.
 
 Writes ``OUT/results.json`` (every run's trimmed summary and measurements, the order, the command) and
@@ -144,6 +144,13 @@ def aggregate(runs: List[Dict[str, Any]], algorithms: Sequence[str], options: Di
                 "sync_s_per_step_median": statistics.median(r["sync_s_per_step"] for r in own),
                 "bytes_per_step_per_host_median": statistics.median(max(r["bytes_per_step_per_host"]) for r in own),
             }
+            if algo != "ddp" and any(a == "ddp" for a, _ in by):
+                # against the peer users would otherwise pick: X / ddp of the same block, same rule
+                vs = [by[(algo, s)]["throughput"] / by[("ddp", s)]["throughput"] for s in seeds
+                      if (algo, s) in by and ("ddp", s) in by]
+                ddp_ci = paired_bootstrap(vs)
+                ddp_ci["label"] = label(ddp_ci)
+                cell[algo]["throughput_vs_ddp"] = ddp_ci
             if algo.startswith("dssync"):
                 cell[algo]["target_1_5x"] = ("reached" if ci["lo"] is not None and ci["lo"] >= DSSYNC_TARGET
                                              else "not reached")
@@ -193,6 +200,15 @@ def markdown(result: Dict[str, Any]) -> str:
                          f"{c['bytes_per_step_per_host_median'] / 1e6:.2f} "
                          f"({ring['bytes_per_step_per_host_median'] / 1e6:.2f}) | "
                          f"{'n/a' if acc is None else f'{acc:+.3f}'} |")
+    vs_ddp = [(h, a, c["throughput_vs_ddp"]) for h, cell in result["table"].items() for a, c in cell.items()
+              if "throughput_vs_ddp" in c]
+    if vs_ddp:
+        lines += ["", "Against Lightning's ddp (torch.distributed Gloo, under torchrun): X throughput / ddp "
+                  "throughput of the same block, same interval and rule.", "",
+                  "| hosts | algorithm | throughput / ddp | verdict |", "|---|---|---|---|"]
+        lines += [f"| {h} | {a} | {c['median']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}] | {c['label']} |"
+                  if c["lo"] is not None else f"| {h} | {a} | {c['median']:.3f} (no interval) | n/a |"
+                  for h, a, c in vs_ddp]
     lines += ["", "ring's throughput (median): " + ", ".join(
         f"{h} hosts {c['ring']['throughput_median']:.0f} samples/s" for h, c in result["table"].items()), "",
               "The simulator's network model (alpha-beta, beta = 1 / rate, no hosts, no contention) against the "

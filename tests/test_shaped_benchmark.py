@@ -57,6 +57,21 @@ def test_aggregate_pairs_by_seed_and_labels_by_interval():
     assert sim["error"] == pytest.approx(sim["predicted_sync_s_per_step"] / 0.5 - 1)
 
 
+def test_with_ddp_in_the_run_every_other_algorithm_is_also_scored_against_it():
+    runs = []
+    for seed in range(5):
+        runs += [_run("ring", seed, 100.0 + seed), _run("ddp", seed, 80.0 + seed), _run("dssync", seed, 160.0 + seed),
+                 _run("ring#2", seed, 100.0 + seed)]
+    cell = sn.aggregate(runs, ["ring", "dssync", "ddp"], {"workers": 4, "hidden": [8], "rate_mbit": 100.0})["2"]
+    assert cell["ddp"]["throughput_vs_ring"]["label"] == "loss" and "throughput_vs_ddp" not in cell["ddp"]
+    assert cell["dssync"]["throughput_vs_ddp"]["median"] == pytest.approx(162.0 / 82.0)
+    assert cell["dssync"]["throughput_vs_ddp"]["label"] == "win"
+    assert cell["ring#2"]["throughput_vs_ddp"]["label"] == "win"
+    without = sn.aggregate([r for r in runs if r["algorithm"] != "ddp"], ["ring", "dssync"],
+                           {"workers": 4, "hidden": [8], "rate_mbit": 100.0})["2"]
+    assert "throughput_vs_ddp" not in without["dssync"]
+
+
 def test_target_needs_the_interval_not_the_median():
     runs = []
     for seed, ratio in enumerate([1.2, 1.6, 1.6, 1.7, 1.3]):
