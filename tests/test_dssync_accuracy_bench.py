@@ -56,3 +56,22 @@ def test_markdown_lists_every_seed_and_epoch():
     md = da.markdown(result)
     assert "| 4 | dssync-direct | 0.590 0.590 0.590 | 0.600 0.600 0.600 | -1.00 [-1.00, -1.00]" in md
     assert "| 4 | ring | 0.500 | 0.600 |" in md
+
+
+def test_committed_results_equal_a_fresh_aggregation_of_their_runs(tmp_path):
+    import glob
+    import json
+    import os
+    import shutil
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results",
+                        "dssync_accuracy")
+    committed = sorted(glob.glob(os.path.join(root, "*", "results.json")))
+    if not committed:
+        pytest.skip("no committed dssync_accuracy results yet")
+    for path in committed:
+        copy = tmp_path / os.path.basename(os.path.dirname(path))
+        shutil.copytree(os.path.dirname(path), copy)
+        da.main(["--aggregate-only", str(copy)])
+        assert json.loads((copy / "results.json").read_text())["table"] == json.load(open(path))["table"], path
+        assert (copy / "results.md").read_text() == open(os.path.join(os.path.dirname(path), "results.md")).read()
