@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUBNET = "10.77.0"
@@ -330,24 +330,31 @@ def launch_workers(net: NamespacedHosts, workers: int, argv: Sequence[str], run_
             raise NetworkError(f"the rendezvous server on {addr} did not start: "
                                f"{open(os.path.join(run_dir, 'rendezvous.err')).read()[-2000:]}")
         time.sleep(0.1)
+    starts = [(layout.node_rank, f"rank{layout.rank}", [a.replace("{rank}", str(layout.rank)) for a in argv],
+               {**os.environ, **attach_env(layout, addr, RENDEZVOUS_PORT, "eth0", stall_timeout_s),
+                "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}) for layout in layouts]
+    return _run_all(net, starts, run_dir, timeout_s, lambda i: f"rank {i} failed")
+
+
+def _run_all(net: NamespacedHosts, starts: Sequence[tuple], run_dir: str, timeout_s: float,
+             failure: Callable[[int], str]) -> List[str]:
+    """Start every ``(host, log name, command, env)`` on its host (output in ``run_dir/NAME.out/.err``),
+    wait until all have exited (at most ``timeout_s``) and return their outputs; raise NetworkError with
+    ``failure(i)`` and the i-th process's error log for the first one that failed."""
     procs, logs, handles = [], [], []
-    for layout in layouts:
-        env = {**os.environ, **attach_env(layout, addr, RENDEZVOUS_PORT, "eth0", stall_timeout_s),
-               "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}
-        out = open(os.path.join(run_dir, f"rank{layout.rank}.out"), "w")
-        err = open(os.path.join(run_dir, f"rank{layout.rank}.err"), "w")
+    for host, name, command, env in starts:
+        out = open(os.path.join(run_dir, f"{name}.out"), "w")
+        err = open(os.path.join(run_dir, f"{name}.err"), "w")
         logs.append((out.name, err.name))
         handles += [out, err]
-        command = [a.replace("{rank}", str(layout.rank)) for a in argv]
-        procs.append(net.popen(layout.node_rank, command, cwd=ROOT, env=env, stdout=out, stderr=err))
+        procs.append(net.popen(host, command, cwd=ROOT, env=env, stdout=out, stderr=err))
     try:
         failed = _wait_all(procs, timeout_s, run_dir)
     finally:
         for handle in handles:
             handle.close()
     if failed is not None:
-        raise NetworkError(f"rank {failed} failed (exit {procs[failed].poll()}): "
-                           f"{open(logs[failed][1]).read()[-3000:]}")
+        raise NetworkError(f"{failure(failed)} (exit {procs[failed].poll()}): {open(logs[failed][1]).read()[-3000:]}")
     return [open(out).read() for out, _ in logs]
 
 
@@ -367,28 +374,17 @@ def launch_torchrun(net: NamespacedHosts, workers: int, argv: Sequence[str], run
     if argv[1:2] != ["-m"]:
         raise NetworkError(f"launch_torchrun needs a 'python -m MODULE ...' command (got {list(argv[:3])})")
     os.makedirs(run_dir, exist_ok=True)
-    procs, logs, handles = [], [], []
-    for host in range(net.hosts):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "LS_CLUSTER_ATTACH": "0", **(extra_env or {})}
-        env.pop("HOROVOD_RANK", None)
-        out = open(os.path.join(run_dir, f"host{host}.out"), "w")
-        err = open(os.path.join(run_dir, f"host{host}.err"), "w")
-        logs.append((out.name, err.name))
-        handles += [out, err]
-        command = [argv[0], "-m", "torch.distributed.run", f"--nnodes={net.hosts}",
-                   f"--nproc-per-node={workers // net.hosts}", f"--node-rank={host}",
-                   f"--master-addr={net.address(0)}", f"--master-port={TORCHRUN_PORT}", "-m",
-                   *(a.replace("{rank}", "${oc.env:RANK}") for a in argv[2:])]  # (Hydra resolves it per worker)
-        procs.append(net.popen(host, command, cwd=ROOT, env=env, stdout=out, stderr=err))
-    try:
-        failed = _wait_all(procs, timeout_s, run_dir)
-    finally:
-        for handle in handles:
-            handle.close()
-    if failed is not None:
-        raise NetworkError(f"host {failed}'s torchrun failed (exit {procs[failed].poll()}): "
-                           f"{open(logs[failed][1]).read()[-3000:]}")
-    return [open(out).read() for out, _ in logs]
+    env = {k: v for k, v in os.environ.items() if k != "HOROVOD_RANK"}
+    env.update({"GLOO_SOCKET_IFNAME": "eth0", "LS_CLUSTER_ATTACH": "0", **(extra_env or {})})
+    worker = [a.replace("{rank}", "${oc.env:RANK}") for a in argv[2:]]  # (Hydra resolves it per worker)
+
+    def agent(host: int) -> List[str]:
+        return [argv[0], "-m", "torch.distributed.run", f"--nnodes={net.hosts}",
+                f"--nproc-per-node={workers // net.hosts}", f"--node-rank={host}", f"--master-addr={net.address(0)}",
+                f"--master-port={TORCHRUN_PORT}", "-m", *worker]
+
+    starts = [(host, f"host{host}", agent(host), env) for host in range(net.hosts)]
+    return _run_all(net, starts, run_dir, timeout_s, lambda i: f"host {i}'s torchrun failed")
 
 
 def _wait_all(procs: List[subprocess.Popen], timeout_s: float, run_dir: str) -> Optional[int]:
