@@ -81,6 +81,17 @@ def sim_sync_s(algo: str, workers: int, hidden: Sequence[int], rate_mbit: float)
     return net.allreduce_s(k, parameter_count(hidden) * 4)
 
 
+def batches_per_epoch(workers: int) -> int:
+    """Each worker's batches in one epoch of the runs' data (conf/data/synthetic.yaml): a run validates once,
+    at its last step, which Lightning requires to fall inside the first epoch."""
+    from omegaconf import OmegaConf
+
+    from lightning_straggler.data import TRAIN_FRACTION
+
+    data = OmegaConf.load(os.path.join(ROOT, "conf", "data", "synthetic.yaml"))
+    return int(TRAIN_FRACTION * data.num_samples) // (workers * data.batch_size)
+
+
 def block_order(labels: Sequence[str], hosts: int, seed: int) -> List[str]:
     out = list(labels)
     random.Random(f"shaped-order:{hosts}:{seed}").shuffle(out)
@@ -259,6 +270,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"--hosts {h}: must divide --workers {args.workers}")
     if args.seeds < 1 or args.steps < 1:
         parser.error("--seeds and --steps must be at least 1")
+    if args.steps > batches_per_epoch(args.workers):
+        parser.error(f"--steps {args.steps}: at most {batches_per_epoch(args.workers)} with --workers {args.workers} "
+                     "(one epoch of the synthetic data; the run validates at its last step, inside the first epoch)")
     why = available()
     if why:
         parser.error(f"network namespaces unavailable here: {why}")

@@ -39,13 +39,16 @@ def mnist1d_arrays(num_samples: int, seed: int, cache_dir: Optional[str] = None)
     return arrays
 
 
+TRAIN_FRACTION = 0.8  # of the generated samples; the rest is the validation set
+
+
 def synthetic_arrays(num_samples: int, features: int, classes: int, seed: int) -> dict:
     """Gaussian clusters around random class centres; 80/20 split."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(0, 1.0, size=(classes, features)).astype(np.float32)
     y = rng.integers(0, classes, size=num_samples)
     x = (centres[y] + rng.normal(0, 1.0, size=(num_samples, features))).astype(np.float32)
-    split = int(0.8 * num_samples)
+    split = int(TRAIN_FRACTION * num_samples)
     return {"x": x[:split], "y": y[:split].astype(np.int64), "x_test": x[split:], "y_test": y[split:].astype(np.int64)}
 
 

@@ -86,6 +86,11 @@ def test_bad_options_fail_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         sn.main(["--hosts", "3", "--workers", "4"])
     assert "--hosts 3: must divide --workers 4" in capsys.readouterr().err
+    # a run longer than one epoch would stop at its first run (Lightning: val_check_interval > batches)
+    assert sn.batches_per_epoch(4) == 125 and sn.batches_per_epoch(8) == 62  # 16,000 samples, batch 32
+    with pytest.raises(SystemExit):
+        sn.main(["--hosts", "4", "--workers", "4", "--steps", "150"])
+    assert "--steps 150: at most 125 with --workers 4" in capsys.readouterr().err
 
 
 def test_halving_doubling_prediction_is_what_crosses_each_host_link():
