@@ -173,10 +173,11 @@ class DDPBaselineStrategy(DDPStrategy):
 
     # --- launch and set-up ----------------------------------------------------------------------
     def _configure_launcher(self) -> None:
-        # decided here, in the launching process: inside a spawned worker Lightning's environment also
-        # looks external (LOCAL_RANK is set there)
-        env = self.cluster_environment
-        self.attached = env is not None and env.creates_processes_externally
+        from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+        # torchrun only (Lightning picks TorchElasticEnvironment for it): elsewhere, SLURM included, the
+        # baseline spawns its workers as before. Decided here, in the launching process.
+        self.attached = isinstance(self.cluster_environment, TorchElasticEnvironment)
         self._launcher = None if self.attached else _DDPLauncher(self, start_method=self._start_method)
 
     def setup_environment(self) -> None:
